@@ -1,0 +1,21 @@
+//! The shared core of webhook-inbox.
+//!
+//! The receiver and the worker never talk to each other: they coordinate only through row
+//! states and leases in PostgreSQL. This crate is the one place that defines that contract:
+//! the diesel [`schema`], the row [`InboxStatus`], every query that moves a row between states
+//! ([`inbox`]), the retry [`BackoffPolicy`], and the database setup both binaries share ([`db`]).
+#![forbid(unsafe_code)]
+
+pub mod backoff;
+pub mod db;
+pub mod inbox;
+pub mod metrics;
+pub mod schema;
+mod status;
+pub mod telemetry;
+
+pub use backoff::BackoffPolicy;
+pub use status::InboxStatus;
+
+/// The PostgreSQL notification channel on which a committed insert wakes idle workers.
+pub const NOTIFY_CHANNEL: &str = "webhook_inbox";

@@ -1,0 +1,118 @@
+//! Every way a webhook request can fail, mapped to its HTTP answer with a fixed
+//! `{"code": ..., "detail": ...}` body. Details never contain secrets or request bodies.
+
+use std::sync::Arc;
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{HttpResponse, ResponseError};
+use inbox_signature::VerifyError;
+
+use crate::identify::IdentifyError;
+use crate::ingest::StoreError;
+
+/// A failed webhook request.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// No provider of that name is configured.
+    #[error("unknown provider")]
+    UnknownProvider,
+    /// The signature is missing, malformed, stale or wrong.
+    #[error("signature rejected: {0}")]
+    Signature(#[from] VerifyError),
+    /// A header that decides authenticity or identity was sent more than once.
+    #[error("header {0} must appear once")]
+    RepeatedHeader(String),
+    /// The event could not be identified.
+    #[error(transparent)]
+    Identify(#[from] IdentifyError),
+    /// The body is larger than the limit.
+    #[error("body exceeds {limit} bytes")]
+    BodyTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// The body did not arrive in time.
+    #[error("body not received within {0:?}")]
+    BodyTimeout(std::time::Duration),
+    /// The body stream broke.
+    #[error("body could not be read")]
+    BodyUnreadable,
+    /// The event could not be stored: nothing was acked, the provider should retry.
+    #[error("temporarily unable to store the event")]
+    Unavailable {
+        /// Why.
+        cause: Arc<StoreError>,
+        /// Seconds for the Retry-After header.
+        retry_after_secs: u64,
+    },
+}
+
+impl ApiError {
+    /// Stable machine-readable code of the answer.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::UnknownProvider => "unknown_provider",
+            Self::Signature(VerifyError::StaleTimestamp | VerifyError::FutureTimestamp) => {
+                "stale_timestamp"
+            }
+            Self::Signature(_) => "invalid_signature",
+            Self::RepeatedHeader(_) => "repeated_header",
+            Self::Identify(IdentifyError::InvalidJson | IdentifyError::InvalidForm) => {
+                "invalid_body"
+            }
+            Self::Identify(IdentifyError::MissingEventId(_)) => "missing_event_id",
+            Self::Identify(IdentifyError::InvalidEventId(_)) => "invalid_event_id",
+            Self::BodyTooLarge { .. } => "body_too_large",
+            Self::BodyTimeout(_) => "body_timeout",
+            Self::BodyUnreadable => "body_unreadable",
+            Self::Unavailable { .. } => "unavailable",
+        }
+    }
+
+    /// The metrics outcome label.
+    pub fn outcome(&self) -> &'static str {
+        match self.status_code() {
+            StatusCode::NOT_FOUND => "not_found",
+            StatusCode::UNAUTHORIZED => "unauthorized",
+            StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+            StatusCode::REQUEST_TIMEOUT => "timeout",
+            StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+            _ => "bad_request",
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            Self::UnknownProvider => StatusCode::NOT_FOUND,
+            Self::Signature(_) => StatusCode::UNAUTHORIZED,
+            Self::RepeatedHeader(_) | Self::Identify(_) | Self::BodyUnreadable => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut response = HttpResponse::build(self.status_code());
+        match self {
+            Self::Unavailable {
+                retry_after_secs, ..
+            } => {
+                response.insert_header((header::RETRY_AFTER, retry_after_secs.to_string()));
+            }
+            Self::BodyTooLarge { .. } | Self::BodyTimeout(_) | Self::BodyUnreadable => {
+                // The unread rest of the body makes the connection unusable.
+                response.insert_header((header::CONNECTION, "close"));
+            }
+            _ => {}
+        }
+        response.json(serde_json::json!({
+            "code": self.code(),
+            "detail": self.to_string(),
+        }))
+    }
+}

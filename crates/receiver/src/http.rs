@@ -1,0 +1,342 @@
+//! The HTTP routes: `POST /webhooks/{provider}`, `GET /healthz`, `GET /readyz`, and the
+//! separate `/metrics` app.
+//!
+//! A webhook is checked completely — size, arrival time, signature, identity — before any
+//! database connection is taken, so hostile or slow clients cannot tie up the pool.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use actix_web::http::header::{self, HeaderMap};
+use actix_web::{web, HttpRequest, HttpResponse};
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use inbox_core::db::PgPool;
+use inbox_core::inbox::{InsertOutcome, NewEvent};
+use inbox_signature::HeaderSource;
+use sha2::{Digest, Sha256};
+
+use crate::error::ApiError;
+use crate::identify::{identify, Identified};
+use crate::ingest::Ingestor;
+use crate::metrics::{Metrics, UNKNOWN_PROVIDER};
+use crate::providers::{FieldSource, Identity, Provider, Providers};
+
+/// Headers never stored: they carry the caller's credentials, not the event.
+const CREDENTIAL_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+    "x-api-key",
+    "x-auth-token",
+    "x-csrf-token",
+];
+
+/// Request limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest body accepted.
+    pub max_body_bytes: usize,
+    /// Time allowed for the whole body to arrive.
+    pub body_timeout: Duration,
+    /// Seconds a provider is asked to wait after a 503.
+    pub retry_after_secs: u64,
+}
+
+/// Shared state of the webhook app.
+#[derive(Debug)]
+pub struct AppState {
+    /// Configured providers.
+    pub providers: Providers,
+    /// The write path.
+    pub ingestor: Ingestor,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Limits.
+    pub limits: Limits,
+    /// Pool, for the readiness check.
+    pub pool: PgPool,
+    /// Deadline of the readiness check.
+    pub readiness_timeout: Duration,
+}
+
+/// Registers the webhook routes.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::resource("/webhooks/{provider}")
+            .route(web::post().to(receive))
+            .default_service(web::to(method_not_allowed)),
+    )
+    .route("/healthz", web::get().to(healthz))
+    .route("/readyz", web::get().to(readyz))
+    .default_service(web::to(not_found));
+}
+
+/// Registers the metrics route (served on its own listener).
+pub fn configure_metrics(cfg: &mut web::ServiceConfig) {
+    cfg.route("/metrics", web::get().to(metrics));
+}
+
+struct RequestHeaders<'a>(&'a HeaderMap);
+
+impl HeaderSource for RequestHeaders<'_> {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.0.get(name).and_then(|value| value.to_str().ok())
+    }
+}
+
+async fn receive(
+    request: HttpRequest,
+    provider: web::Path<String>,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let started = Instant::now();
+    let provider = state.providers.get(&provider);
+    let label = provider.map_or(UNKNOWN_PROVIDER, |p| p.name.as_str());
+    let result = match provider {
+        Some(provider) => receive_for(&request, provider, payload, &state, started).await,
+        None => Err(ApiError::UnknownProvider),
+    };
+    let outcome = match &result {
+        Ok((_, outcome)) => outcome,
+        Err(err) => {
+            tracing::warn!(provider = label, code = err.code(), error = %err, "webhook rejected");
+            err.outcome()
+        }
+    };
+    state
+        .metrics
+        .requests
+        .with_label_values(&[label, outcome])
+        .inc();
+    result.map(|(response, _)| response)
+}
+
+async fn receive_for(
+    request: &HttpRequest,
+    provider: &Provider,
+    payload: web::Payload,
+    state: &AppState,
+    started: Instant,
+) -> Result<(HttpResponse, &'static str), ApiError> {
+    let headers = RequestHeaders(request.headers());
+    reject_repeated_headers(request.headers(), provider)?;
+    let body = read_body(request.headers(), payload, &state.limits).await?;
+    if !provider.unsigned {
+        let verified = provider
+            .scheme
+            .verify(&headers, &body, &provider.keys, unix_now())?;
+        let secret = provider
+            .key_names
+            .get(verified.key_index)
+            .map_or("?", String::as_str);
+        state
+            .metrics
+            .verified_by_secret
+            .with_label_values(&[provider.name.as_str(), secret])
+            .inc();
+    }
+    let (event_id, event_type) = match identify(&provider.identity, &headers, &body)? {
+        Identified::SlackChallenge(challenge) => {
+            let response = HttpResponse::Ok().json(serde_json::json!({ "challenge": challenge }));
+            return Ok((response, "challenge"));
+        }
+        Identified::Event {
+            event_id,
+            event_type,
+        } => (event_id, event_type),
+    };
+
+    let body_sha256: [u8; 32] = Sha256::digest(&body).into();
+    let event = NewEvent {
+        provider: provider.name.clone(),
+        event_id,
+        event_type,
+        headers: stored_headers(request.headers(), provider),
+        body: body.to_vec(),
+        body_sha256,
+    };
+    let event_id = event.event_id.clone();
+    let outcome = state
+        .ingestor
+        .store(event)
+        .await
+        .map_err(|cause| ApiError::Unavailable {
+            cause,
+            retry_after_secs: state.limits.retry_after_secs,
+        })?;
+    state
+        .metrics
+        .ingest_duration
+        .with_label_values(&[provider.name.as_str()])
+        .observe(started.elapsed().as_secs_f64());
+    let status = match outcome {
+        InsertOutcome::Accepted => {
+            tracing::debug!(provider = %provider.name, %event_id, "event accepted");
+            "accepted"
+        }
+        InsertOutcome::Duplicate { same_body } => {
+            if same_body == Some(false) {
+                state
+                    .metrics
+                    .body_mismatches
+                    .with_label_values(&[provider.name.as_str()])
+                    .inc();
+                tracing::warn!(
+                    provider = %provider.name,
+                    %event_id,
+                    "duplicate event id with a different body: a provider bug or a tampering attempt; the stored body is kept"
+                );
+            }
+            "duplicate"
+        }
+    };
+    Ok((
+        HttpResponse::Ok().json(serde_json::json!({ "status": status })),
+        status,
+    ))
+}
+
+/// Reads the whole body within the size and time limits. A declared length over the limit is
+/// refused before a byte is read.
+async fn read_body(
+    headers: &HeaderMap,
+    mut payload: web::Payload,
+    limits: &Limits,
+) -> Result<Bytes, ApiError> {
+    let limit = limits.max_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(ApiError::BodyTooLarge { limit });
+    }
+    let capacity = declared.map_or(8 * 1024, |length| length as usize);
+    let mut body = BytesMut::with_capacity(capacity);
+    let deadline = tokio::time::Instant::now() + limits.body_timeout;
+    loop {
+        match tokio::time::timeout_at(deadline, payload.next()).await {
+            Err(_elapsed) => return Err(ApiError::BodyTimeout(limits.body_timeout)),
+            Ok(None) => return Ok(body.freeze()),
+            Ok(Some(Err(_))) => return Err(ApiError::BodyUnreadable),
+            Ok(Some(Ok(chunk))) => {
+                if body.len() + chunk.len() > limit {
+                    return Err(ApiError::BodyTooLarge { limit });
+                }
+                body.extend_from_slice(&chunk);
+            }
+        }
+    }
+}
+
+/// A header that decides authenticity or identity must be unambiguous.
+fn reject_repeated_headers(headers: &HeaderMap, provider: &Provider) -> Result<(), ApiError> {
+    let mut names: Vec<String> = provider
+        .scheme
+        .signature_headers()
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    match &provider.identity {
+        Identity::Fields {
+            event_id,
+            event_type,
+        } => {
+            for source in std::iter::once(event_id).chain(event_type) {
+                if let FieldSource::Header(name) = source {
+                    names.push(name.clone());
+                }
+            }
+        }
+        Identity::Shopify => {
+            names.extend(["x-shopify-event-id", "x-shopify-webhook-id"].map(String::from));
+        }
+        Identity::Slack { .. } => {}
+    }
+    for name in names {
+        if headers.get_all(name.as_str()).nth(1).is_some() {
+            return Err(ApiError::RepeatedHeader(name));
+        }
+    }
+    Ok(())
+}
+
+/// The headers kept with the event: everything but credentials, as `{name: value}` with
+/// repeated headers joined by ", " (their meaning under HTTP semantics).
+fn stored_headers(headers: &HeaderMap, provider: &Provider) -> serde_json::Value {
+    let mut kept = serde_json::Map::new();
+    for (name, value) in headers.iter() {
+        let name = name.as_str();
+        if CREDENTIAL_HEADERS.contains(&name) || provider.drop_headers.iter().any(|d| d == name) {
+            continue;
+        }
+        let value = String::from_utf8_lossy(value.as_bytes());
+        match kept.get_mut(name) {
+            Some(serde_json::Value::String(existing)) => {
+                existing.push_str(", ");
+                existing.push_str(&value);
+            }
+            _ => {
+                kept.insert(
+                    name.to_owned(),
+                    serde_json::Value::String(value.into_owned()),
+                );
+            }
+        }
+    }
+    serde_json::Value::Object(kept)
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_secs()).unwrap_or(i64::MAX)
+        })
+}
+
+async fn method_not_allowed() -> HttpResponse {
+    HttpResponse::MethodNotAllowed()
+        .insert_header((header::ALLOW, "POST"))
+        .json(serde_json::json!({
+            "code": "method_not_allowed",
+            "detail": "webhooks are delivered with POST",
+        }))
+}
+
+async fn not_found() -> HttpResponse {
+    HttpResponse::NotFound().json(serde_json::json!({
+        "code": "not_found",
+        "detail": "no such route; webhooks go to POST /webhooks/{provider}",
+    }))
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({ "status": "alive" }))
+}
+
+async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    let check = async {
+        let mut conn = state.pool.get().await.ok()?;
+        diesel_async::RunQueryDsl::execute(diesel::sql_query("SELECT 1"), &mut *conn)
+            .await
+            .ok()
+    };
+    match tokio::time::timeout(state.readiness_timeout, check).await {
+        Ok(Some(_)) => HttpResponse::Ok().json(serde_json::json!({ "status": "ready" })),
+        _ => HttpResponse::ServiceUnavailable()
+            .insert_header((
+                header::RETRY_AFTER,
+                state.limits.retry_after_secs.to_string(),
+            ))
+            .json(serde_json::json!({ "status": "database unreachable" })),
+    }
+}
+
+async fn metrics(metrics: web::Data<Metrics>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type(inbox_core::metrics::CONTENT_TYPE)
+        .body(metrics.render())
+}

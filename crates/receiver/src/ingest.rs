@@ -1,0 +1,233 @@
+//! Durable storage of verified events, in one of two modes:
+//!
+//! - **group commit** (default): requests hand their event to a few writer tasks, each of
+//!   which takes everything waiting (up to a batch size) and stores it with one multi-row
+//!   statement. A batch forms while the previous one is in flight, so no delay is ever added
+//!   on purpose: a lone request is written alone, at once.
+//! - **per request**: every request runs its own statement and commit; simple, and the
+//!   baseline group commit is measured against.
+//!
+//! Either way a request's answer waits for its own row's commit, and every wait is bounded by
+//! a deadline: past it the caller answers 503 and the provider retries (the retry is then
+//! harmless, answered "duplicate" if the first write did land).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inbox_core::db::PgPool;
+use inbox_core::inbox::{self, InsertOutcome, NewEvent};
+use tokio::sync::{mpsc, oneshot, Mutex};
+
+use crate::metrics::Metrics;
+
+/// Default largest number of events stored by one statement.
+pub const DEFAULT_MAX_BATCH: usize = 256;
+/// Default number of concurrent group-commit writers.
+pub const DEFAULT_WRITERS: usize = 4;
+/// Events that may wait for a writer before new requests are turned away with 503.
+const QUEUE_CAPACITY: usize = 8_192;
+
+/// How events are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IngestMode {
+    /// Concurrent requests share multi-row insert transactions.
+    GroupCommit,
+    /// One insert transaction per request.
+    PerRequest,
+}
+
+/// Why an event was not stored. Every variant is answered 503: nothing was acked.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No database connection within the deadline (database down, or pool exhausted).
+    #[error("no database connection available")]
+    NoConnection,
+    /// The statement did not finish within the deadline.
+    #[error("database did not answer within the deadline")]
+    Deadline,
+    /// The statement failed.
+    #[error("database error")]
+    Database(#[source] diesel::result::Error),
+    /// Too many events are already waiting to be written.
+    #[error("too many events waiting to be written")]
+    Overloaded,
+    /// The receiver is shutting down.
+    #[error("receiver is shutting down")]
+    ShuttingDown,
+}
+
+impl StoreError {
+    /// A short label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::NoConnection => "no_connection",
+            Self::Deadline => "deadline",
+            Self::Database(_) => "query",
+            Self::Overloaded => "overloaded",
+            Self::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
+struct Pending {
+    event: NewEvent,
+    reply: Reply,
+}
+
+/// Stores events durably; cheap to clone.
+#[derive(Clone)]
+pub struct Ingestor {
+    inner: Inner,
+    deadline: Duration,
+}
+
+#[derive(Clone)]
+enum Inner {
+    GroupCommit(mpsc::Sender<Pending>),
+    PerRequest { pool: PgPool, metrics: Metrics },
+}
+
+impl std::fmt::Debug for Ingestor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = match self.inner {
+            Inner::GroupCommit(_) => IngestMode::GroupCommit,
+            Inner::PerRequest { .. } => IngestMode::PerRequest,
+        };
+        f.debug_struct("Ingestor")
+            .field("mode", &mode)
+            .field("deadline", &self.deadline)
+            .finish()
+    }
+}
+
+impl Ingestor {
+    /// Starts the ingest path. In group-commit mode this spawns `writers` tasks on the current
+    /// tokio runtime; they end once every clone of the returned value is dropped and the
+    /// events still queued are written.
+    pub fn start(
+        mode: IngestMode,
+        pool: PgPool,
+        metrics: Metrics,
+        deadline: Duration,
+        max_batch: usize,
+        writers: usize,
+    ) -> Self {
+        let inner = match mode {
+            IngestMode::PerRequest => Inner::PerRequest { pool, metrics },
+            IngestMode::GroupCommit => {
+                let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
+                let receiver = Arc::new(Mutex::new(receiver));
+                for _ in 0..writers.max(1) {
+                    tokio::spawn(run_writer(
+                        Arc::clone(&receiver),
+                        pool.clone(),
+                        metrics.clone(),
+                        deadline,
+                        max_batch.max(1),
+                    ));
+                }
+                Inner::GroupCommit(sender)
+            }
+        };
+        Self { inner, deadline }
+    }
+
+    /// Stores one event and returns once its row is committed (or known to exist).
+    pub async fn store(&self, event: NewEvent) -> Result<InsertOutcome, Arc<StoreError>> {
+        match &self.inner {
+            Inner::PerRequest { pool, metrics } => {
+                let outcome = write_batch(pool, std::slice::from_ref(&event), self.deadline).await;
+                metrics.observe_batch(1, outcome.as_ref().err());
+                outcome
+                    .map_err(Arc::new)?
+                    .pop()
+                    .ok_or_else(|| Arc::new(StoreError::Database(missing_outcome())))
+            }
+            Inner::GroupCommit(sender) => {
+                let (reply, answer) = oneshot::channel();
+                sender
+                    .try_send(Pending { event, reply })
+                    .map_err(|err| match err {
+                        mpsc::error::TrySendError::Full(_) => Arc::new(StoreError::Overloaded),
+                        mpsc::error::TrySendError::Closed(_) => Arc::new(StoreError::ShuttingDown),
+                    })?;
+                match tokio::time::timeout(self.deadline, answer).await {
+                    Ok(Ok(result)) => result,
+                    Ok(Err(_writer_gone)) => Err(Arc::new(StoreError::ShuttingDown)),
+                    Err(_elapsed) => Err(Arc::new(StoreError::Deadline)),
+                }
+            }
+        }
+    }
+}
+
+fn missing_outcome() -> diesel::result::Error {
+    diesel::result::Error::DeserializationError("insert returned no outcome".into())
+}
+
+async fn write_batch(
+    pool: &PgPool,
+    events: &[NewEvent],
+    deadline: Duration,
+) -> Result<Vec<InsertOutcome>, StoreError> {
+    let started = Instant::now();
+    let mut conn = tokio::time::timeout(deadline, pool.get())
+        .await
+        .map_err(|_| StoreError::NoConnection)?
+        .map_err(|_| StoreError::NoConnection)?;
+    let remaining = deadline.saturating_sub(started.elapsed());
+    // On timeout the connection is dropped mid-statement: it is not returned to the pool in
+    // an unknown state, and the statement either commits or not; the provider's retry finds out.
+    tokio::time::timeout(remaining, inbox::insert_events(&mut conn, events))
+        .await
+        .map_err(|_| StoreError::Deadline)?
+        .map_err(StoreError::Database)
+}
+
+async fn run_writer(
+    queue: Arc<Mutex<mpsc::Receiver<Pending>>>,
+    pool: PgPool,
+    metrics: Metrics,
+    deadline: Duration,
+    max_batch: usize,
+) {
+    let mut batch: Vec<Pending> = Vec::with_capacity(max_batch);
+    loop {
+        {
+            // Only one writer collects at a time; the others are writing meanwhile.
+            let mut queue = queue.lock().await;
+            if queue.recv_many(&mut batch, max_batch).await == 0 {
+                return; // every sender is gone and the queue is drained
+            }
+        }
+        // Requests that already gave up (deadline passed) need no write.
+        let (events, replies): (Vec<NewEvent>, Vec<_>) = batch
+            .drain(..)
+            .filter(|pending| !pending.reply.is_closed())
+            .map(|pending| (pending.event, pending.reply))
+            .unzip();
+        if events.is_empty() {
+            continue;
+        }
+        let result = write_batch(&pool, &events, deadline).await;
+        metrics.observe_batch(events.len(), result.as_ref().err());
+        match result {
+            Ok(outcomes) if outcomes.len() == replies.len() => {
+                for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                    let _gone = reply.send(Ok(outcome));
+                }
+            }
+            Ok(_) => fail_all(replies, StoreError::Database(missing_outcome())),
+            Err(err) => fail_all(replies, err),
+        }
+    }
+}
+
+type Reply = oneshot::Sender<Result<InsertOutcome, Arc<StoreError>>>;
+
+fn fail_all(replies: Vec<Reply>, err: StoreError) {
+    let err = Arc::new(err);
+    for reply in replies {
+        let _gone = reply.send(Err(Arc::clone(&err)));
+    }
+}

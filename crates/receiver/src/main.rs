@@ -1,0 +1,137 @@
+//! `receiver`: verifies, deduplicates and durably stores provider webhooks.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use inbox_core::telemetry::LogArgs;
+use receiver::providers::Providers;
+use receiver::server::{self, ServeArgs};
+
+/// Receives provider webhooks into the PostgreSQL inbox.
+///
+/// Each request to POST /webhooks/{provider} is verified against the provider's signature
+/// scheme and stored once per (provider, event id); the answer is 200 only after the row is
+/// committed ({"status":"accepted"} or {"status":"duplicate"}), 503 with Retry-After when the
+/// database cannot confirm the write in time. The worker processes what is stored.
+#[derive(Debug, Parser)]
+#[command(version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the webhook endpoints (and /metrics on its own address).
+    Serve(Box<ServeArgs>),
+    /// Apply pending database migrations, then exit.
+    Migrate {
+        /// PostgreSQL connection URL.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
+    /// Print the headers a provider would send for a body, signed with its first secret
+    /// (one `Name: value` line each), to test a deployment by hand.
+    Sign {
+        /// Provider file.
+        #[arg(long, env = "INBOX_CONFIG")]
+        config: std::path::PathBuf,
+        /// Provider name in the file.
+        #[arg(long)]
+        provider: String,
+        /// The exact body to sign.
+        #[arg(long)]
+        body: String,
+        /// Message id, for schemes that sign one (standard-webhooks).
+        #[arg(long, default_value = "msg_manual")]
+        id: String,
+    },
+    /// Check the provider file (and that every secret it names can be read), then exit.
+    CheckConfig {
+        /// Provider file to check.
+        #[arg(long, env = "INBOX_CONFIG")]
+        config: std::path::PathBuf,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    cli.log.init();
+    match cli.command {
+        Command::Serve(args) => serve(*args).await,
+        Command::Migrate { database_url } => {
+            let applied = inbox_core::db::run_migrations(&database_url)
+                .await
+                .context("migrating the database")?;
+            tracing::info!(applied = applied.len(), versions = ?applied, "migrations complete");
+            Ok(())
+        }
+        Command::Sign {
+            config,
+            provider,
+            body,
+            id,
+        } => {
+            let providers = Providers::load(&config)?;
+            let provider = providers
+                .get(&provider)
+                .with_context(|| format!("no provider {provider:?} in {}", config.display()))?;
+            let key = provider.keys.first().with_context(|| {
+                format!("provider {:?} has no secret to sign with", provider.name)
+            })?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .context("clock before 1970")?;
+            let timestamp = i64::try_from(now.as_secs()).context("clock out of range")?;
+            for (name, value) in provider.scheme.sign(key, body.as_bytes(), &id, timestamp) {
+                println!("{name}: {value}");
+            }
+            Ok(())
+        }
+        Command::CheckConfig { config } => {
+            let providers = Providers::load(&config)?;
+            for provider in providers.iter() {
+                println!(
+                    "{}: {} secret(s){}",
+                    provider.name,
+                    provider.keys.len(),
+                    if provider.unsigned { ", UNSIGNED" } else { "" }
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let providers = Providers::load(&args.config)?;
+    if providers.is_empty() {
+        tracing::warn!(config = %args.config.display(), "no providers configured: every webhook will be answered 404");
+    }
+    for provider in providers.iter().filter(|p| p.unsigned) {
+        tracing::warn!(provider = %provider.name, "provider is UNSIGNED: requests are not verified (local development only)");
+    }
+    let running = server::start(&args, providers).await?;
+    tracing::info!(
+        listen = %running.addr,
+        metrics = %running.metrics_addr,
+        mode = ?args.ingest_mode,
+        "receiver ready"
+    );
+    running.wait().await?;
+    tracing::info!("receiver stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

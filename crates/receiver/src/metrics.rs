@@ -1,0 +1,128 @@
+//! The receiver's Prometheus metrics. Labels are bounded: provider is a configured name (or
+//! `unknown`), outcome a fixed word, secret a configured label; never a value from a request.
+
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+
+use crate::ingest::StoreError;
+
+/// Provider label for requests to a provider that is not configured.
+pub const UNKNOWN_PROVIDER: &str = "unknown";
+
+/// Every metric of the receiver; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// `inbox_receiver_requests_total{provider,outcome}`: webhook requests answered, by outcome
+    /// (accepted, duplicate, challenge, unauthorized, bad_request, too_large, timeout,
+    /// unavailable, not_found).
+    pub requests: IntCounterVec,
+    /// `inbox_receiver_ingest_duration_seconds{provider}`: from the request's arrival to its
+    /// answer, for requests that reached the database.
+    pub ingest_duration: HistogramVec,
+    /// `inbox_receiver_batch_size`: events per insert statement.
+    pub batch_size: Histogram,
+    /// `inbox_receiver_db_errors_total{kind}`: failed writes (no_connection, deadline, query,
+    /// overloaded, shutting_down).
+    pub db_errors: IntCounterVec,
+    /// `inbox_receiver_duplicate_body_mismatch_total{provider}`: redeliveries of a known event
+    /// id whose body differs from the stored one (a provider bug or tampering).
+    pub body_mismatches: IntCounterVec,
+    /// `inbox_receiver_signature_verified_total{provider,secret}`: which secret verified each
+    /// request, so an old secret can be retired once it sees no traffic.
+    pub verified_by_secret: IntCounterVec,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|err| panic!("metric {name} is malformed: {err}"));
+    registry
+        .register(Box::new(metric.clone()))
+        .unwrap_or_else(|err| panic!("metric {name} registered twice: {err}"));
+    metric
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let registry = inbox_core::metrics::new_registry();
+        let requests = counter(
+            &registry,
+            "receiver_requests_total",
+            "Webhook requests answered, by provider and outcome.",
+            &["provider", "outcome"],
+        );
+        let ingest_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "receiver_ingest_duration_seconds",
+                "Time from a webhook's arrival to its answer, for requests that reached the database.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+            &["provider"],
+        )
+        .unwrap_or_else(|err| panic!("ingest histogram is malformed: {err}"));
+        registry
+            .register(Box::new(ingest_duration.clone()))
+            .unwrap_or_else(|err| panic!("ingest histogram registered twice: {err}"));
+        let batch_size = Histogram::with_opts(
+            HistogramOpts::new(
+                "receiver_batch_size",
+                "Events written per insert statement.",
+            )
+            .buckets(vec![
+                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0,
+            ]),
+        )
+        .unwrap_or_else(|err| panic!("batch histogram is malformed: {err}"));
+        registry
+            .register(Box::new(batch_size.clone()))
+            .unwrap_or_else(|err| panic!("batch histogram registered twice: {err}"));
+        let db_errors = counter(
+            &registry,
+            "receiver_db_errors_total",
+            "Event writes that failed, by kind; their requests were answered 503.",
+            &["kind"],
+        );
+        let body_mismatches = counter(
+            &registry,
+            "receiver_duplicate_body_mismatch_total",
+            "Redeliveries of a known event id whose body differs from the stored one.",
+            &["provider"],
+        );
+        let verified_by_secret = counter(
+            &registry,
+            "receiver_signature_verified_total",
+            "Requests verified, by provider and the configured secret that matched.",
+            &["provider", "secret"],
+        );
+        Self {
+            registry,
+            requests,
+            ingest_duration,
+            batch_size,
+            db_errors,
+            body_mismatches,
+            verified_by_secret,
+        }
+    }
+
+    /// Records one insert statement of `events` events and its failure, if any.
+    pub fn observe_batch(&self, events: usize, error: Option<&StoreError>) {
+        self.batch_size.observe(events as f64);
+        if let Some(error) = error {
+            self.db_errors.with_label_values(&[error.kind()]).inc();
+        }
+    }
+
+    /// The text exposition for Prometheus.
+    pub fn render(&self) -> Vec<u8> {
+        inbox_core::metrics::render(&self.registry)
+    }
+}

@@ -1,0 +1,159 @@
+//! Start-up: the `serve` flags, and the two HTTP servers (webhooks, metrics) they describe.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use actix_web::{web, App, HttpServer};
+use anyhow::Context;
+use clap::builder::TypedValueParser as _;
+use inbox_core::db::DatabaseArgs;
+
+use crate::http::{self, AppState, Limits};
+use crate::ingest::{IngestMode, Ingestor, DEFAULT_MAX_BATCH, DEFAULT_WRITERS};
+use crate::metrics::Metrics;
+use crate::providers::Providers;
+
+/// Default body size limit: 1 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// Flags of `receiver serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Address the webhook endpoints listen on.
+    #[arg(long, env = "RECEIVER_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+    /// Address of the Prometheus endpoint (GET /metrics), kept off the public listener.
+    #[arg(long, env = "RECEIVER_METRICS_LISTEN", default_value = "0.0.0.0:9091")]
+    pub metrics_listen: SocketAddr,
+    /// Provider file (TOML): the providers accepted at POST /webhooks/{name}, their signature
+    /// schemes and where their secrets are read from. See config/providers.example.toml.
+    #[arg(long, env = "INBOX_CONFIG")]
+    pub config: PathBuf,
+    /// How events are written: group-commit shares one insert transaction among concurrent
+    /// requests; per-request commits each request on its own.
+    #[arg(long, env = "RECEIVER_INGEST_MODE", value_enum, default_value_t = IngestMode::GroupCommit)]
+    pub ingest_mode: IngestMode,
+    /// Largest number of events written by one group-commit statement.
+    #[arg(long, env = "RECEIVER_MAX_BATCH", default_value_t = DEFAULT_MAX_BATCH, value_parser = clap::value_parser!(u16).range(1..).map(usize::from))]
+    pub max_batch: usize,
+    /// Concurrent group-commit writers (each holds one database connection while writing).
+    #[arg(long, env = "RECEIVER_COMMIT_WRITERS", default_value_t = DEFAULT_WRITERS, value_parser = clap::value_parser!(u16).range(1..).map(usize::from))]
+    pub commit_writers: usize,
+    /// Longest a request waits for its event to be committed; past it the answer is 503 and
+    /// the provider retries.
+    #[arg(long, env = "RECEIVER_DB_DEADLINE", value_parser = humantime::parse_duration, default_value = "3s")]
+    pub db_deadline: Duration,
+    /// Largest request body accepted; larger ones are answered 413.
+    #[arg(long, env = "RECEIVER_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// Time allowed for a whole request body to arrive; slower clients are answered 408.
+    #[arg(long, env = "RECEIVER_BODY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
+    pub body_timeout: Duration,
+    /// Seconds announced in Retry-After when answering 503.
+    #[arg(long, env = "RECEIVER_RETRY_AFTER", default_value_t = 5)]
+    pub retry_after_secs: u64,
+    /// On SIGTERM, how long in-flight requests may take to finish.
+    #[arg(long, env = "RECEIVER_SHUTDOWN_TIMEOUT", value_parser = humantime::parse_duration, default_value = "30s")]
+    pub shutdown_timeout: Duration,
+    /// HTTP worker threads (default: one per CPU core).
+    #[arg(long, env = "RECEIVER_HTTP_WORKERS")]
+    pub http_workers: Option<usize>,
+    /// Database connection settings.
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+}
+
+/// A started receiver.
+#[derive(Debug)]
+pub struct RunningReceiver {
+    /// Where the webhook endpoints listen.
+    pub addr: SocketAddr,
+    /// Where /metrics listens.
+    pub metrics_addr: SocketAddr,
+    /// Stops the webhook server.
+    pub handle: ServerHandle,
+    metrics_handle: ServerHandle,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    metrics_server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl RunningReceiver {
+    /// Waits until the webhook server stops (SIGTERM/SIGINT, or [`ServerHandle::stop`]), then
+    /// stops the metrics server.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        let served = self.server.await.context("webhook server task failed")?;
+        self.metrics_handle.stop(true).await;
+        let _ = self.metrics_server.await;
+        served.context("webhook server failed")
+    }
+}
+
+/// Binds both listeners and starts serving. Must run inside a tokio runtime.
+pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<RunningReceiver> {
+    let metrics = Metrics::new();
+    let pool = args.db.pool();
+    let ingestor = Ingestor::start(
+        args.ingest_mode,
+        pool.clone(),
+        metrics.clone(),
+        args.db_deadline,
+        args.max_batch,
+        args.commit_writers,
+    );
+    let state = web::Data::new(AppState {
+        providers,
+        ingestor,
+        metrics: metrics.clone(),
+        limits: Limits {
+            max_body_bytes: args.max_body_bytes,
+            body_timeout: args.body_timeout,
+            retry_after_secs: args.retry_after_secs,
+        },
+        pool,
+        readiness_timeout: args.db.db_connect_timeout,
+    });
+
+    let listener = TcpListener::bind(args.listen)
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    let metrics_listener = TcpListener::bind(args.metrics_listen)
+        .with_context(|| format!("cannot listen on {}", args.metrics_listen))?;
+    let metrics_addr = metrics_listener.local_addr()?;
+
+    let mut server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .configure(http::configure)
+            .wrap(tracing_actix_web::TracingLogger::default())
+    })
+    .shutdown_timeout(args.shutdown_timeout.as_secs().max(1))
+    .listen(listener)?;
+    if let Some(workers) = args.http_workers {
+        server = server.workers(workers.max(1));
+    }
+    let server = server.run();
+    let handle = server.handle();
+
+    let metrics_data = web::Data::new(metrics);
+    let metrics_server = HttpServer::new(move || {
+        App::new()
+            .app_data(metrics_data.clone())
+            .configure(http::configure_metrics)
+    })
+    .workers(1)
+    .disable_signals()
+    .listen(metrics_listener)?
+    .run();
+    let metrics_handle = metrics_server.handle();
+
+    Ok(RunningReceiver {
+        addr,
+        metrics_addr,
+        handle,
+        metrics_handle,
+        server: tokio::spawn(server),
+        metrics_server: tokio::spawn(metrics_server),
+    })
+}

@@ -1,0 +1,191 @@
+//! Test support: every test gets a database of its own, cloned from a migrated template, so
+//! tests run in parallel against a real PostgreSQL without seeing each other's rows.
+//!
+//! The server comes from `DATABASE_URL` (set by `make test`, which starts a throwaway server
+//! when the variable is unset). The template is built once per migration fingerprint, under
+//! an advisory lock, and renamed into place only when complete, so concurrent test processes
+//! never clone a half-migrated one.
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used)] // test support: a failure here should stop the test loudly
+
+use diesel::sql_types::{BigInt, Text};
+use diesel::QueryableByName;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use inbox_core::db::{DatabaseArgs, PgPool};
+use std::time::Duration;
+
+const TEMPLATE_LOCK_KEY: i64 = 0x7465_7374_5f64_6231; // "test_db1"
+
+/// A fresh, migrated database that is dropped when this value is.
+#[derive(Debug)]
+pub struct TestDatabase {
+    name: String,
+    url: String,
+    admin_url: String,
+}
+
+/// The server to create test databases on; panics with an explanation when unset.
+pub fn server_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| {
+        panic!("DATABASE_URL is not set: run the tests with `make test`, which starts a throwaway PostgreSQL")
+    })
+}
+
+/// `url` with its database name replaced by `database`.
+pub fn with_database(url: &str, database: &str) -> String {
+    let (without_query, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let scheme_end = without_query.find("://").map_or(0, |i| i + 3);
+    let base = match without_query[scheme_end..].find('/') {
+        Some(slash) => &without_query[..scheme_end + slash],
+        None => without_query,
+    };
+    match query {
+        Some(query) => format!("{base}/{database}?{query}"),
+        None => format!("{base}/{database}"),
+    }
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    count: i64,
+}
+
+async fn database_exists(conn: &mut AsyncPgConnection, name: &str) -> bool {
+    let rows: Vec<Count> =
+        diesel::sql_query("SELECT count(*) AS count FROM pg_database WHERE datname = $1")
+            .bind::<Text, _>(name)
+            .load(conn)
+            .await
+            .unwrap();
+    rows.iter().any(|row| row.count > 0)
+}
+
+async fn ensure_template(admin_url: &str) -> String {
+    let template = format!("inbox_template_{}", env!("MIGRATIONS_FINGERPRINT"));
+    let mut admin = AsyncPgConnection::establish(admin_url).await.unwrap();
+    if database_exists(&mut admin, &template).await {
+        return template;
+    }
+    diesel::sql_query("SELECT pg_advisory_lock($1)")
+        .bind::<BigInt, _>(TEMPLATE_LOCK_KEY)
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    if !database_exists(&mut admin, &template).await {
+        let building = format!("{template}_building");
+        admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {building} WITH (FORCE); CREATE DATABASE {building}"
+            ))
+            .await
+            .unwrap();
+        inbox_core::db::run_migrations(&with_database(admin_url, &building))
+            .await
+            .unwrap();
+        admin
+            .batch_execute(&format!(
+                "ALTER DATABASE {building} RENAME TO {template}; \
+                 ALTER DATABASE {template} WITH IS_TEMPLATE true"
+            ))
+            .await
+            .unwrap();
+    }
+    // Ending the session releases the advisory lock.
+    drop(admin);
+    template
+}
+
+impl TestDatabase {
+    /// Creates a database of its own for the calling test.
+    pub async fn new() -> Self {
+        let admin_url = server_url();
+        let template = ensure_template(&admin_url).await;
+        let name = format!("inbox_test_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = AsyncPgConnection::establish(&admin_url).await.unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
+            .await
+            .unwrap();
+        let url = with_database(&admin_url, &name);
+        Self {
+            name,
+            url,
+            admin_url,
+        }
+    }
+
+    /// The database's connection URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Connection settings for this database, as the binaries take them.
+    pub fn args(&self, pool_size: u32) -> DatabaseArgs {
+        DatabaseArgs {
+            database_url: self.url.clone(),
+            db_pool_size: pool_size,
+            db_connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// A pool of `size` connections to this database.
+    pub fn pool(&self, size: u32) -> PgPool {
+        self.args(size).pool()
+    }
+
+    /// One new connection to this database.
+    pub async fn connect(&self) -> AsyncPgConnection {
+        AsyncPgConnection::establish(&self.url).await.unwrap()
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        if std::env::var_os("KEEP_TEST_DATABASES").is_some() {
+            eprintln!("kept test database {}", self.url);
+            return;
+        }
+        let admin_url = self.admin_url.clone();
+        let name = self.name.clone();
+        // Drop may run inside a runtime; a thread with its own runtime avoids nesting one.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async {
+                let mut admin = AsyncPgConnection::establish(&admin_url).await.ok()?;
+                admin
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await
+                    .ok()
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Some(()))) {
+            eprintln!("could not drop test database {}", self.name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_name_is_replaced_keeping_credentials_and_options() {
+        assert_eq!(
+            with_database("postgres://u:p@h:5/postgres", "x"),
+            "postgres://u:p@h:5/x"
+        );
+        assert_eq!(
+            with_database("postgres://u@h/db?sslmode=disable", "x"),
+            "postgres://u@h/x?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://h:5", "x"), "postgres://h:5/x");
+    }
+}

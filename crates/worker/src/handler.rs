@@ -1,0 +1,199 @@
+//! The handler API: what a handler receives, what it returns, and how events are routed to it.
+//!
+//! A handler gets the event and a connection inside the transaction that will also mark the
+//! event done. Whatever it writes there commits together with the completion — or, if the
+//! lease was lost meanwhile, rolls back with it: one business effect per event.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use diesel_async::AsyncPgConnection;
+use inbox_core::inbox::ClaimedEvent;
+
+/// An event as a handler sees it.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// Inbox row id.
+    pub id: i64,
+    /// Provider name.
+    pub provider: String,
+    /// The provider's event id.
+    pub event_id: String,
+    /// The provider's event type, when known.
+    pub event_type: Option<String>,
+    /// Stored request headers: a JSON object of name to value.
+    pub headers: serde_json::Value,
+    /// The exact body bytes as received.
+    pub body: Vec<u8>,
+    /// This attempt's number, from 1.
+    pub attempt: i32,
+    /// When the receiver committed the event.
+    pub received_at: DateTime<Utc>,
+}
+
+impl From<ClaimedEvent> for Event {
+    fn from(row: ClaimedEvent) -> Self {
+        Self {
+            id: row.id,
+            provider: row.provider,
+            event_id: row.event_id,
+            event_type: row.event_type,
+            headers: row.headers,
+            body: row.body,
+            attempt: row.attempt,
+            received_at: row.received_at,
+        }
+    }
+}
+
+/// A failed attempt, carrying the retry decision.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    /// Worth trying again later (a dependency was down, a timeout, a conflict).
+    #[error("retryable: {0}")]
+    Retryable(String),
+    /// Will never succeed (malformed event, rejected by the business rules): dead-letter it now.
+    #[error("permanent: {0}")]
+    Permanent(String),
+}
+
+impl From<diesel::result::Error> for HandlerError {
+    fn from(err: diesel::result::Error) -> Self {
+        // Database errors inside the handler's transaction (serialization failures, lost
+        // connections) are transient as far as the event is concerned.
+        Self::Retryable(format!("database: {err}"))
+    }
+}
+
+/// What a handler did with an event it returned `Ok` for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    /// The business effect was applied.
+    Applied,
+    /// Nothing to do for this event (counted as ignored).
+    Ignored,
+}
+
+/// Business logic for one kind of event.
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    /// Handles `event`. `tx` is inside the transaction that completes the event: write the
+    /// business effect through it and do not commit or roll back yourself.
+    async fn handle(
+        &self,
+        event: &Event,
+        tx: &mut AsyncPgConnection,
+    ) -> Result<Handled, HandlerError>;
+}
+
+#[derive(Clone)]
+struct Route {
+    provider: Option<String>,
+    event_type: Option<String>,
+    handler: Arc<dyn Handler>,
+}
+
+/// Chooses a handler by provider and event type; the first matching route wins. An event no
+/// route matches is completed as ignored, never retried.
+#[derive(Clone, Default)]
+pub struct Router {
+    routes: Vec<Route>,
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.routes.iter().map(|r| (&r.provider, &r.event_type)))
+            .finish()
+    }
+}
+
+/// `None` and `"*"` match anything; `"prefix*"` matches by prefix; anything else exactly.
+fn pattern_matches(pattern: Option<&str>, value: Option<&str>) -> bool {
+    match pattern {
+        None | Some("*") => true,
+        Some(pattern) => {
+            let Some(value) = value else { return false };
+            match pattern.strip_suffix('*') {
+                Some(prefix) => value.starts_with(prefix),
+                None => value == pattern,
+            }
+        }
+    }
+}
+
+impl Router {
+    /// An empty router: every event is ignored.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a route. `provider` and `event_type` are patterns: `None` or `"*"` for any,
+    /// `"payment.*"` for a prefix, otherwise an exact name.
+    pub fn route(
+        mut self,
+        provider: Option<&str>,
+        event_type: Option<&str>,
+        handler: Arc<dyn Handler>,
+    ) -> Self {
+        self.routes.push(Route {
+            provider: provider.map(str::to_owned),
+            event_type: event_type.map(str::to_owned),
+            handler,
+        });
+        self
+    }
+
+    /// The handler for an event, if any route matches.
+    pub fn handler_for(
+        &self,
+        provider: &str,
+        event_type: Option<&str>,
+    ) -> Option<&Arc<dyn Handler>> {
+        self.routes
+            .iter()
+            .find(|route| {
+                pattern_matches(route.provider.as_deref(), Some(provider))
+                    && pattern_matches(route.event_type.as_deref(), event_type)
+            })
+            .map(|route| &route.handler)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Named;
+
+    #[async_trait]
+    impl Handler for Named {
+        async fn handle(
+            &self,
+            _: &Event,
+            _: &mut AsyncPgConnection,
+        ) -> Result<Handled, HandlerError> {
+            Ok(Handled::Applied)
+        }
+    }
+
+    #[test]
+    fn routes_match_exactly_by_prefix_or_anything_and_first_wins() {
+        let a: Arc<dyn Handler> = Arc::new(Named);
+        let b: Arc<dyn Handler> = Arc::new(Named);
+        let router = Router::new()
+            .route(Some("stripe"), Some("payment_intent.*"), Arc::clone(&a))
+            .route(Some("github"), None, Arc::clone(&b));
+        let found = |p, t| router.handler_for(p, t).map(Arc::as_ptr);
+        assert_eq!(
+            found("stripe", Some("payment_intent.succeeded")),
+            Some(Arc::as_ptr(&a))
+        );
+        assert_eq!(found("stripe", Some("charge.refunded")), None);
+        assert_eq!(found("stripe", None), None);
+        assert_eq!(found("github", Some("push")), Some(Arc::as_ptr(&b)));
+        assert_eq!(found("github", None), Some(Arc::as_ptr(&b)));
+        assert_eq!(found("shopify", Some("orders/create")), None);
+    }
+}

@@ -1,0 +1,183 @@
+//! `worker`: processes the inbox's events exactly once, and the operator's commands.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::{web, App, HttpResponse, HttpServer};
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use inbox_core::db::DatabaseArgs;
+use inbox_core::telemetry::LogArgs;
+use inbox_core::BackoffPolicy;
+use tokio::sync::watch;
+use worker::demo::DemoLedger;
+use worker::metrics::Metrics;
+use worker::{Router, Worker, WorkerSettings};
+
+/// Processes webhook events from the PostgreSQL inbox.
+///
+/// `worker run` claims due events under a lease, runs their handlers in the transaction that
+/// completes them (one business effect per event), retries failures with exponential backoff
+/// and full jitter, dead-letters events after their last attempt, and returns the events of
+/// crashed workers to the queue when their lease expires. Run as many replicas as the
+/// backlog needs; they coordinate only through the database.
+#[derive(Debug, Parser)]
+#[command(version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Process events until SIGTERM or SIGINT.
+    Run(Box<RunArgs>),
+    /// Apply pending database migrations, then exit.
+    Migrate {
+        /// PostgreSQL connection URL.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// Address of the Prometheus endpoint (GET /metrics).
+    #[arg(long, env = "WORKER_METRICS_LISTEN", default_value = "0.0.0.0:9092")]
+    metrics_listen: SocketAddr,
+    /// Events handled at once by this process.
+    #[arg(long, env = "WORKER_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    concurrency: u16,
+    /// Most events claimed by one statement.
+    #[arg(long, env = "WORKER_BATCH_SIZE", default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
+    batch_size: u16,
+    /// How long a claim stays valid without a heartbeat; a crashed worker's events return to
+    /// the queue after this.
+    #[arg(long, env = "WORKER_LEASE", value_parser = humantime::parse_duration, default_value = "30s")]
+    lease: Duration,
+    /// Idle wait between claims when nothing is due.
+    #[arg(long, env = "WORKER_POLL_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
+    poll_interval: Duration,
+    /// How often expired leases are looked for.
+    #[arg(long, env = "WORKER_RESCUE_INTERVAL", value_parser = humantime::parse_duration, default_value = "5s")]
+    rescue_interval: Duration,
+    /// Longest a handler may run; a slower attempt counts as failed and is retried.
+    #[arg(long, env = "WORKER_HANDLER_TIMEOUT", value_parser = humantime::parse_duration, default_value = "60s")]
+    handler_timeout: Duration,
+    /// Name recorded on claimed rows (default: host name and process id).
+    #[arg(long, env = "WORKER_NAME")]
+    name: Option<String>,
+    /// Route every event to the demo handler (one demo_ledger line per event).
+    #[arg(long, env = "WORKER_DEMO_HANDLER")]
+    demo_handler: bool,
+    #[command(flatten)]
+    backoff: BackoffPolicy,
+    #[command(flatten)]
+    db: DatabaseArgs,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    cli.log.init();
+    match cli.command {
+        Command::Run(args) => run(*args).await,
+        Command::Migrate { database_url } => {
+            let applied = inbox_core::db::run_migrations(&database_url)
+                .await
+                .context("migrating the database")?;
+            tracing::info!(applied = applied.len(), versions = ?applied, "migrations complete");
+            Ok(())
+        }
+    }
+}
+
+fn default_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "worker".to_owned());
+    format!("{host}:{}", std::process::id())
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let metrics = Metrics::new();
+    let pool = args.db.pool();
+    let mut router = Router::new();
+    if args.demo_handler {
+        router = router.route(None, None, Arc::new(DemoLedger));
+    } else {
+        tracing::warn!("no handlers configured: every event will be completed as ignored");
+    }
+    let settings = WorkerSettings {
+        name: args.name.unwrap_or_else(default_name),
+        lease: args.lease,
+        concurrency: usize::from(args.concurrency),
+        batch_size: usize::from(args.batch_size),
+        poll_interval: args.poll_interval,
+        rescue_interval: args.rescue_interval,
+        handler_timeout: args.handler_timeout,
+        backoff: args.backoff,
+    };
+    let worker = Worker::new(pool, router, settings, metrics.clone());
+
+    let metrics_data = web::Data::new(metrics);
+    let metrics_server = HttpServer::new(move || {
+        App::new().app_data(metrics_data.clone()).route(
+            "/metrics",
+            web::get().to(|metrics: web::Data<Metrics>| async move {
+                HttpResponse::Ok()
+                    .content_type(inbox_core::metrics::CONTENT_TYPE)
+                    .body(metrics.render())
+            }),
+        )
+    })
+    .workers(1)
+    .disable_signals()
+    .bind(args.metrics_listen)
+    .with_context(|| format!("cannot listen on {}", args.metrics_listen))?
+    .run();
+    let metrics_handle = metrics_server.handle();
+    let metrics_task = tokio::spawn(metrics_server);
+
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested: no new claims; finishing events in flight");
+        let _ = stop.send(true);
+    });
+    tracing::info!(metrics = %args.metrics_listen, "worker ready");
+    worker.run(stopped).await;
+    metrics_handle.stop(true).await;
+    let _ = metrics_task.await;
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,2 @@
+DROP TABLE processed_events;
+DROP TABLE webhook_inbox;
