@@ -259,20 +259,14 @@ pub enum TransitionError {
     Database(#[from] diesel::result::Error),
 }
 
-fn fenced(
-    id: i64,
-    token: Uuid,
-) -> diesel::dsl::Filter<
-    diesel::dsl::Filter<
-        diesel::dsl::Filter<webhook_inbox::table, diesel::dsl::Eq<webhook_inbox::id, i64>>,
-        diesel::dsl::Eq<webhook_inbox::lease_token, Uuid>,
-    >,
-    diesel::dsl::Eq<webhook_inbox::status, InboxStatus>,
-> {
+/// The rows a lease holder may transition: this id, this token, still processing.
+#[diesel::dsl::auto_type]
+fn fenced(id: i64, token: Uuid) -> _ {
+    let status: InboxStatus = InboxStatus::Processing;
     webhook_inbox::table
         .filter(webhook_inbox::id.eq(id))
         .filter(webhook_inbox::lease_token.eq(token))
-        .filter(webhook_inbox::status.eq(InboxStatus::Processing))
+        .filter(webhook_inbox::status.eq(status))
 }
 
 fn expect_one(updated: usize) -> Result<(), TransitionError> {

@@ -77,22 +77,22 @@ async fn ensure_template(admin_url: &str) -> String {
         .unwrap();
     if !database_exists(&mut admin, &template).await {
         let building = format!("{template}_building");
-        admin
-            .batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {building} WITH (FORCE); CREATE DATABASE {building}"
-            ))
-            .await
-            .unwrap();
+        // One statement per call: several would form a transaction block, which these refuse.
+        for statement in [
+            format!("DROP DATABASE IF EXISTS {building} WITH (FORCE)"),
+            format!("CREATE DATABASE {building}"),
+        ] {
+            admin.batch_execute(&statement).await.unwrap();
+        }
         inbox_core::db::run_migrations(&with_database(admin_url, &building))
             .await
             .unwrap();
-        admin
-            .batch_execute(&format!(
-                "ALTER DATABASE {building} RENAME TO {template}; \
-                 ALTER DATABASE {template} WITH IS_TEMPLATE true"
-            ))
-            .await
-            .unwrap();
+        for statement in [
+            format!("ALTER DATABASE {building} RENAME TO {template}"),
+            format!("ALTER DATABASE {template} WITH IS_TEMPLATE true"),
+        ] {
+            admin.batch_execute(&statement).await.unwrap();
+        }
     }
     // Ending the session releases the advisory lock.
     drop(admin);
