@@ -153,6 +153,10 @@ pub fn worker_settings(name: &str) -> WorkerSettings {
             cap: Duration::from_millis(20),
             max_attempts: 3,
         },
+        shutdown_grace: Duration::from_secs(10),
+        heartbeat: true,
+        stats_interval: Duration::from_millis(200),
+        retention: None,
     }
 }
 
@@ -219,4 +223,259 @@ pub async fn wait_until(what: &str, timeout: Duration, mut condition: impl Async
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Receiver test helpers: signed and raw requests, stored rows, metrics, clocks, temp folders.
+// ---------------------------------------------------------------------------------------------
+
+/// `serve` flags for tests against any database (not only a [`TestDatabase`]): ephemeral
+/// loopback ports, short deadlines.
+pub fn serve_args_for_database(
+    database: inbox_core::db::DatabaseArgs,
+    mode: IngestMode,
+) -> ServeArgs {
+    ServeArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
+        config: "unused.toml".into(),
+        ingest_mode: mode,
+        max_batch: 256,
+        commit_writers: 4,
+        db_deadline: Duration::from_secs(3),
+        max_body_bytes: 1024 * 1024,
+        body_timeout: Duration::from_secs(2),
+        retry_after_secs: 1,
+        shutdown_timeout: Duration::from_secs(5),
+        http_workers: Some(2),
+        db: database,
+    }
+}
+
+/// An HTTP answer, with the headers a test looks at.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// Status code.
+    pub status: u16,
+    /// Response headers (lowercase names).
+    pub headers: Vec<(String, String)>,
+    /// The body, parsed as JSON (`Null` when it is not JSON).
+    pub json: serde_json::Value,
+}
+
+impl Answer {
+    /// The first value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(candidate, _)| candidate.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+impl TestReceiver {
+    /// Posts `body` to `/webhooks/{provider}` with exactly these extra headers.
+    pub async fn post_webhook(
+        &self,
+        provider: &str,
+        headers: &[(String, String)],
+        body: impl Into<Vec<u8>>,
+    ) -> Answer {
+        let mut request = self.client.post(self.url(&format!("/webhooks/{provider}")));
+        for (name, value) in headers {
+            request = request.header(name.as_str(), value.as_str());
+        }
+        Answer::from_response(request.body(body.into()).send().await.unwrap()).await
+    }
+
+    /// `GET` on the webhook listener.
+    pub async fn get(&self, path: &str) -> Answer {
+        Answer::from_response(self.client.get(self.url(path)).send().await.unwrap()).await
+    }
+
+    /// The value of one series of the metrics page, e.g.
+    /// `inbox_receiver_requests_total{outcome="accepted",provider="demo"}` (0 when absent).
+    pub async fn metric(&self, series: &str) -> f64 {
+        metric_value(&self.metrics().await, series).unwrap_or(0.0)
+    }
+}
+
+impl Answer {
+    /// Reads a reqwest response whole.
+    pub async fn from_response(response: reqwest::Response) -> Self {
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .map(|(name, value)| {
+                (
+                    name.as_str().to_owned(),
+                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let bytes = response.bytes().await.unwrap_or_default();
+        let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+        Self {
+            status,
+            headers,
+            json,
+        }
+    }
+}
+
+/// The value of `series` (name and labels exactly as exposed) on a Prometheus text page.
+pub fn metric_value(page: &str, series: &str) -> Option<f64> {
+    page.lines().find_map(|line| {
+        line.strip_prefix(series)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|value| value.trim().parse().ok())
+    })
+}
+
+/// The current unix time in seconds.
+pub fn unix_now() -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    i64::try_from(now.as_secs()).unwrap()
+}
+
+/// The headers `scheme` signs `body` with, using `secret` (as configured) at `timestamp`.
+pub fn signed_headers(
+    scheme: &inbox_signature::Scheme,
+    secret: &str,
+    body: &[u8],
+    id: &str,
+    timestamp: i64,
+) -> Vec<(String, String)> {
+    let key = scheme.key_from_secret(secret).unwrap();
+    scheme.sign(&key, body, id, timestamp)
+}
+
+/// A stored inbox row, as a test inspects it.
+#[derive(Debug, Clone, QueryableByName)]
+pub struct StoredEvent {
+    /// The provider's event id.
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub event_id: String,
+    /// The provider's event type.
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    pub event_type: Option<String>,
+    /// The stored headers.
+    #[diesel(sql_type = diesel::sql_types::Jsonb)]
+    pub headers: serde_json::Value,
+    /// The exact body bytes.
+    #[diesel(sql_type = diesel::sql_types::Bytea)]
+    pub body: Vec<u8>,
+}
+
+/// Every row of `provider`, ordered by event id.
+pub async fn stored_events(conn: &mut AsyncPgConnection, provider: &str) -> Vec<StoredEvent> {
+    diesel::sql_query(
+        "SELECT event_id, event_type, headers, body FROM webhook_inbox \
+         WHERE provider = $1 ORDER BY event_id",
+    )
+    .bind::<diesel::sql_types::Text, _>(provider)
+    .load(conn)
+    .await
+    .unwrap()
+}
+
+/// The row of `(provider, event_id)`, if stored.
+pub async fn stored_event(
+    conn: &mut AsyncPgConnection,
+    provider: &str,
+    event_id: &str,
+) -> Option<StoredEvent> {
+    stored_events(conn, provider)
+        .await
+        .into_iter()
+        .find(|event| event.event_id == event_id)
+}
+
+/// A raw HTTP/1.1 exchange: writes `request` as is and reads the answer until the server
+/// closes the connection or the answer's Content-Length is complete. For requests no HTTP
+/// client would send (bad bytes, stalls, lies about lengths).
+pub async fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> RawAnswer {
+    use tokio::io::AsyncWriteExt as _;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // The server may answer and close before taking everything (413); what matters is the answer.
+    let _ = stream.write_all(request).await;
+    read_raw_answer(&mut stream).await
+}
+
+/// An answer read off a raw connection.
+#[derive(Debug, Clone)]
+pub struct RawAnswer {
+    /// Status code (0 when the connection closed without an answer).
+    pub status: u16,
+    /// The status line and headers.
+    pub head: String,
+    /// The body bytes.
+    pub body: Vec<u8>,
+}
+
+impl RawAnswer {
+    /// The value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|line| {
+            let (candidate, value) = line.split_once(':')?;
+            candidate
+                .trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| value.trim())
+        })
+    }
+}
+
+/// Reads one HTTP/1.1 answer from `stream` (bounded by 10 s).
+pub async fn read_raw_answer(stream: &mut tokio::net::TcpStream) -> RawAnswer {
+    use tokio::io::AsyncReadExt as _;
+    let mut received = Vec::new();
+    let read = async {
+        let mut buffer = [0_u8; 8192];
+        loop {
+            if let Some(end) = received.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&received[..end]).into_owned();
+                let length = head.lines().find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.trim()
+                        .eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())?
+                });
+                if length.is_some_and(|length| received.len() >= end + 4 + length) {
+                    return;
+                }
+            }
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => received.extend_from_slice(&buffer[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(10), read).await;
+    let end = received
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(received.len());
+    let head = String::from_utf8_lossy(&received[..end]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = received.get(end + 4..).unwrap_or_default().to_vec();
+    RawAnswer { status, head, body }
+}
+
+/// A new empty folder under the system's temporary folder, named after `label`.
+pub fn temp_folder(label: &str) -> std::path::PathBuf {
+    let unique = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let path = std::env::temp_dir().join(format!("{label}-{}-{unique}", std::process::id()));
+    std::fs::create_dir_all(&path).unwrap();
+    path
 }

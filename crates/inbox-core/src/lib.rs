@@ -10,6 +10,7 @@ pub mod backoff;
 pub mod db;
 pub mod inbox;
 pub mod metrics;
+pub mod operations;
 pub mod schema;
 mod status;
 pub mod telemetry;

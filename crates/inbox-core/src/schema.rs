@@ -42,4 +42,21 @@ diesel::table! {
     }
 }
 
-diesel::allow_tables_to_appear_in_same_query!(webhook_inbox, processed_events, demo_ledger);
+diesel::table! {
+    demo_payments (payment_id) {
+        payment_id -> Text,
+        amount -> Nullable<Int8>,
+        succeeded_at -> Nullable<Timestamptz>,
+        refunded_amount -> Int8,
+        refund_count -> Int4,
+        updated_at -> Timestamptz,
+        status -> Text,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(
+    webhook_inbox,
+    processed_events,
+    demo_ledger,
+    demo_payments
+);

@@ -1,15 +1,29 @@
-//! The demo handler: writes one `demo_ledger` line per event, guarded by `processed_events`,
-//! in the transaction that completes the event. Its ledger has no unique constraint of its
-//! own, so a second effect for one event would show as a second line.
+//! The demo handler of `make run` and the tests.
+//!
+//! For every event it writes one `demo_ledger` line, guarded by `processed_events`, in the
+//! transaction that completes the event. The ledger has no unique constraint of its own, so a
+//! second effect for one event would show as a second line.
+//!
+//! Payment events also update `demo_payments`, and show out-of-order safety: each event
+//! applies an operation that commutes with the others, so `payment.succeeded` and
+//! `payment.refunded` reach the same final state in either arrival order, and every refund
+//! event (its own event id) is applied once, even two refunds of one payment.
+//!
+//! An event of type `demo.poison` fails permanently, to show dead letters.
 
 use async_trait::async_trait;
 use diesel::prelude::*;
+use diesel::upsert::excluded;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use inbox_core::schema::{demo_ledger, processed_events};
+use inbox_core::schema::{demo_ledger, demo_payments, processed_events};
+use serde::Deserialize;
 
 use crate::handler::{Event, Handled, Handler, HandlerError};
 
-/// Records every event it gets in `demo_ledger`, once.
+/// Event type that the demo handler always rejects as permanent.
+pub const POISON_EVENT_TYPE: &str = "demo.poison";
+
+/// The demo handler: ledger line for every event, payment state for payment events.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DemoLedger;
 
@@ -27,6 +41,81 @@ pub async fn mark_processed(tx: &mut AsyncPgConnection, event: &Event) -> QueryR
     Ok(inserted == 1)
 }
 
+/// The part of a payment event's body the demo reads (top level or under `data`).
+#[derive(Debug, Deserialize)]
+struct PaymentBody {
+    payment_id: String,
+    amount: i64,
+}
+
+#[derive(Debug, Deserialize)]
+struct Envelope {
+    data: Option<PaymentBody>,
+    #[serde(flatten)]
+    top: Option<PaymentBody>,
+}
+
+fn payment_of(event: &Event) -> Result<PaymentBody, HandlerError> {
+    let envelope: Envelope = serde_json::from_slice(&event.body)
+        .map_err(|err| HandlerError::Permanent(format!("payment event body: {err}")))?;
+    let payment = envelope.data.or(envelope.top).ok_or_else(|| {
+        HandlerError::Permanent("payment event without payment_id and amount".into())
+    })?;
+    if payment.amount < 0 {
+        return Err(HandlerError::Permanent("negative payment amount".into()));
+    }
+    Ok(payment)
+}
+
+async fn apply_payment(
+    tx: &mut AsyncPgConnection,
+    event_type: &str,
+    event: &Event,
+) -> Result<(), HandlerError> {
+    let payment = payment_of(event)?;
+    match event_type {
+        "payment.succeeded" => {
+            diesel::insert_into(demo_payments::table)
+                .values((
+                    demo_payments::payment_id.eq(&payment.payment_id),
+                    demo_payments::amount.eq(payment.amount),
+                    demo_payments::succeeded_at.eq(event.received_at),
+                ))
+                .on_conflict(demo_payments::payment_id)
+                .do_update()
+                .set((
+                    demo_payments::amount.eq(excluded(demo_payments::amount)),
+                    demo_payments::succeeded_at.eq(excluded(demo_payments::succeeded_at)),
+                    demo_payments::updated_at.eq(diesel::dsl::now),
+                ))
+                .execute(tx)
+                .await?;
+        }
+        "payment.refunded" => {
+            // A refund may arrive before the success it refunds: the row then starts pending.
+            diesel::insert_into(demo_payments::table)
+                .values((
+                    demo_payments::payment_id.eq(&payment.payment_id),
+                    demo_payments::refunded_amount.eq(payment.amount),
+                    demo_payments::refund_count.eq(1),
+                ))
+                .on_conflict(demo_payments::payment_id)
+                .do_update()
+                .set((
+                    demo_payments::refunded_amount
+                        .eq(demo_payments::refunded_amount
+                            + excluded(demo_payments::refunded_amount)),
+                    demo_payments::refund_count.eq(demo_payments::refund_count + 1),
+                    demo_payments::updated_at.eq(diesel::dsl::now),
+                ))
+                .execute(tx)
+                .await?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl Handler for DemoLedger {
     async fn handle(
@@ -34,6 +123,10 @@ impl Handler for DemoLedger {
         event: &Event,
         tx: &mut AsyncPgConnection,
     ) -> Result<Handled, HandlerError> {
+        let event_type = event.event_type.as_deref().unwrap_or("");
+        if event_type == POISON_EVENT_TYPE {
+            return Err(HandlerError::Permanent("poison event (demo)".into()));
+        }
         if !mark_processed(tx, event).await? {
             return Ok(Handled::Ignored);
         }
@@ -45,6 +138,9 @@ impl Handler for DemoLedger {
             ))
             .execute(tx)
             .await?;
+        if event_type.starts_with("payment.") {
+            apply_payment(tx, event_type, event).await?;
+        }
         Ok(Handled::Applied)
     }
 }

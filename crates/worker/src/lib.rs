@@ -7,8 +7,11 @@
 #![forbid(unsafe_code)]
 
 pub mod demo;
+pub mod forward;
 pub mod handler;
+pub mod listener;
 pub mod metrics;
+pub mod routes;
 pub mod runner;
 
 pub use handler::{Event, Handled, Handler, HandlerError, Router};

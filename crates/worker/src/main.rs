@@ -1,6 +1,7 @@
 //! `worker`: processes the inbox's events exactly once, and the operator's commands.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,13 @@ use inbox_core::BackoffPolicy;
 use tokio::sync::watch;
 use worker::demo::DemoLedger;
 use worker::metrics::Metrics;
+use worker::runner::Retention;
 use worker::{Router, Worker, WorkerSettings};
+
+mod operator;
+
+/// Default dedup window: the longest provider redelivery window (Stripe, GitHub: 3 days).
+const DEFAULT_DEDUP_WINDOW: &str = "3days";
 
 /// Processes webhook events from the PostgreSQL inbox.
 ///
@@ -22,6 +29,9 @@ use worker::{Router, Worker, WorkerSettings};
 /// and full jitter, dead-letters events after their last attempt, and returns the events of
 /// crashed workers to the queue when their lease expires. Run as many replicas as the
 /// backlog needs; they coordinate only through the database.
+///
+/// The other subcommands are for operators: see the backlog, look at events, replay dead
+/// letters, purge old done events.
 #[derive(Debug, Parser)]
 #[command(version, propagate_version = true)]
 struct Cli {
@@ -41,10 +51,21 @@ enum Command {
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
+    /// Operator commands (stats, list, show, replay, purge).
+    #[command(flatten)]
+    Operator(operator::OperatorCommand),
 }
 
 #[derive(Debug, clap::Args)]
 struct RunArgs {
+    /// Routes file (TOML): which handler runs for which provider and event type, e.g. an HTTP
+    /// forward to an internal service. Events no route matches are completed as ignored.
+    #[arg(long, env = "WORKER_ROUTES")]
+    routes: Option<PathBuf>,
+    /// Route every event to the demo handler (demo_ledger and demo_payments), after the routes
+    /// of --routes if both are given.
+    #[arg(long, env = "WORKER_DEMO_HANDLER")]
+    demo_handler: bool,
     /// Address of the Prometheus endpoint (GET /metrics).
     #[arg(long, env = "WORKER_METRICS_LISTEN", default_value = "0.0.0.0:9092")]
     metrics_listen: SocketAddr,
@@ -55,24 +76,36 @@ struct RunArgs {
     #[arg(long, env = "WORKER_BATCH_SIZE", default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
     batch_size: u16,
     /// How long a claim stays valid without a heartbeat; a crashed worker's events return to
-    /// the queue after this.
+    /// the queue after this. Running handlers extend it every third of its length.
     #[arg(long, env = "WORKER_LEASE", value_parser = humantime::parse_duration, default_value = "30s")]
     lease: Duration,
-    /// Idle wait between claims when nothing is due.
-    #[arg(long, env = "WORKER_POLL_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
+    /// Fallback wait between claims when nothing is due and no notification arrives (new
+    /// events wake the worker at once through LISTEN/NOTIFY).
+    #[arg(long, env = "WORKER_POLL_INTERVAL", value_parser = humantime::parse_duration, default_value = "5s")]
     poll_interval: Duration,
     /// How often expired leases are looked for.
     #[arg(long, env = "WORKER_RESCUE_INTERVAL", value_parser = humantime::parse_duration, default_value = "5s")]
     rescue_interval: Duration,
+    /// How often the backlog gauges are read from the database.
+    #[arg(long, env = "WORKER_STATS_INTERVAL", value_parser = humantime::parse_duration, default_value = "5s")]
+    stats_interval: Duration,
     /// Longest a handler may run; a slower attempt counts as failed and is retried.
     #[arg(long, env = "WORKER_HANDLER_TIMEOUT", value_parser = humantime::parse_duration, default_value = "60s")]
     handler_timeout: Duration,
+    /// On SIGTERM: how long handlers in flight may take to finish. Set the orchestrator's
+    /// termination grace period above this.
+    #[arg(long, env = "WORKER_SHUTDOWN_GRACE", value_parser = humantime::parse_duration, default_value = "30s")]
+    shutdown_grace: Duration,
+    /// Delete done events older than this, periodically (off when unset). Must be at least
+    /// the dedup window.
+    #[arg(long, env = "WORKER_RETENTION", value_parser = humantime::parse_duration)]
+    retention: Option<Duration>,
+    /// The providers' longest redelivery window: dedup keys are never purged younger than this.
+    #[arg(long, env = "INBOX_DEDUP_WINDOW", value_parser = humantime::parse_duration, default_value = DEFAULT_DEDUP_WINDOW)]
+    dedup_window: Duration,
     /// Name recorded on claimed rows (default: host name and process id).
     #[arg(long, env = "WORKER_NAME")]
     name: Option<String>,
-    /// Route every event to the demo handler (one demo_ledger line per event).
-    #[arg(long, env = "WORKER_DEMO_HANDLER")]
-    demo_handler: bool,
     #[command(flatten)]
     backoff: BackoffPolicy,
     #[command(flatten)]
@@ -92,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!(applied = applied.len(), versions = ?applied, "migrations complete");
             Ok(())
         }
+        Command::Operator(command) => command.run().await,
     }
 }
 
@@ -103,14 +137,25 @@ fn default_name() -> String {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let metrics = Metrics::new();
-    let pool = args.db.pool();
-    let mut router = Router::new();
+    if let Some(retention) = args.retention {
+        anyhow::ensure!(
+            retention >= args.dedup_window,
+            "--retention {} is shorter than the dedup window {}: redeliveries of purged events would be processed again",
+            humantime::format_duration(retention),
+            humantime::format_duration(args.dedup_window)
+        );
+    }
+    let mut router = match &args.routes {
+        Some(path) => worker::routes::load_routes(path)?,
+        None => Router::new(),
+    };
     if args.demo_handler {
         router = router.route(None, None, Arc::new(DemoLedger));
-    } else {
-        tracing::warn!("no handlers configured: every event will be completed as ignored");
     }
+    if args.routes.is_none() && !args.demo_handler {
+        tracing::warn!("no routes configured (--routes or --demo-handler): every event will be completed as ignored");
+    }
+    let metrics = Metrics::new();
     let settings = WorkerSettings {
         name: args.name.unwrap_or_else(default_name),
         lease: args.lease,
@@ -120,8 +165,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         rescue_interval: args.rescue_interval,
         handler_timeout: args.handler_timeout,
         backoff: args.backoff,
+        shutdown_grace: args.shutdown_grace,
+        heartbeat: true,
+        stats_interval: args.stats_interval,
+        retention: args.retention.map(|keep_done_for| Retention {
+            keep_done_for,
+            dedup_window: args.dedup_window,
+            every: Duration::from_secs(15 * 60),
+        }),
     };
-    let worker = Worker::new(pool, router, settings, metrics.clone());
+    let worker = Worker::new(args.db.pool(), router, settings, metrics.clone());
 
     let metrics_data = web::Data::new(metrics);
     let metrics_server = HttpServer::new(move || {
@@ -143,6 +196,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let metrics_task = tokio::spawn(metrics_server);
 
     let (stop, stopped) = watch::channel(false);
+    let listener = tokio::spawn(worker::listener::listen_for_new_events(
+        args.db.database_url.clone(),
+        worker.waker(),
+        stopped.clone(),
+    ));
     tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("shutdown requested: no new claims; finishing events in flight");
@@ -150,6 +208,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
     tracing::info!(metrics = %args.metrics_listen, "worker ready");
     worker.run(stopped).await;
+    listener.abort();
     metrics_handle.stop(true).await;
     let _ = metrics_task.await;
     tracing::info!("worker stopped");

@@ -1,6 +1,9 @@
 //! The worker's Prometheus metrics.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
+use inbox_core::operations::Backlog;
+use prometheus::{
+    Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
 
 /// Every metric of the worker; cheap to clone.
 #[derive(Clone, Debug)]
@@ -15,6 +18,16 @@ pub struct Metrics {
     pub lease_lost: IntCounter,
     /// `inbox_worker_rescued_total{to}`: expired leases returned to ready or dead-lettered.
     pub rescued: IntCounterVec,
+    /// `inbox_backlog_ready`: events waiting, due now or later.
+    pub backlog_ready: IntGauge,
+    /// `inbox_backlog_due`: events due now; what worker replicas scale on.
+    pub backlog_due: IntGauge,
+    /// `inbox_backlog_processing`: events held under a lease.
+    pub backlog_processing: IntGauge,
+    /// `inbox_backlog_dead`: dead letters waiting for an operator.
+    pub backlog_dead: IntGauge,
+    /// `inbox_backlog_oldest_ready_age_seconds`: age of the oldest event not yet processed.
+    pub oldest_unprocessed_age: Gauge,
 }
 
 impl Default for Metrics {
@@ -67,7 +80,39 @@ impl Metrics {
             &["to"],
         )
         .unwrap_or_else(|err| panic!("{err}"));
+        let gauge = |name: &str, help: &str| {
+            register(
+                &registry,
+                IntGauge::new(name, help).unwrap_or_else(|err| panic!("{err}")),
+            )
+        };
+        let backlog_ready = gauge(
+            "backlog_ready",
+            "Events waiting to be processed, due now or later (read from the database).",
+        );
+        let backlog_due = gauge(
+            "backlog_due",
+            "Events due for processing now: the signal to scale workers on.",
+        );
+        let backlog_processing = gauge("backlog_processing", "Events held under a worker's lease.");
+        let backlog_dead = gauge(
+            "backlog_dead",
+            "Dead-lettered events waiting for an operator.",
+        );
+        let oldest_unprocessed_age = register(
+            &registry,
+            Gauge::new(
+                "backlog_oldest_ready_age_seconds",
+                "Age of the oldest event not yet processed (ready or processing), 0 when none.",
+            )
+            .unwrap_or_else(|err| panic!("{err}")),
+        );
         Self {
+            backlog_ready,
+            backlog_due,
+            backlog_processing,
+            backlog_dead,
+            oldest_unprocessed_age,
             events: register(&registry, events),
             handler_duration: register(&registry, handler_duration),
             lease_lost: register(&registry, lease_lost),
@@ -81,6 +126,16 @@ impl Metrics {
         self.events
             .with_label_values(&[provider, event_type.unwrap_or(""), outcome])
             .inc();
+    }
+
+    /// Publishes a backlog reading.
+    pub fn set_backlog(&self, backlog: &Backlog) {
+        self.backlog_ready.set(backlog.ready);
+        self.backlog_due.set(backlog.due);
+        self.backlog_processing.set(backlog.processing);
+        self.backlog_dead.set(backlog.dead);
+        self.oldest_unprocessed_age
+            .set(backlog.oldest_unprocessed_age_seconds);
     }
 
     /// The registry, for gauges registered elsewhere.

@@ -15,7 +15,8 @@ use inbox_core::backoff::RetryDecision;
 use inbox_core::db::PgPool;
 use inbox_core::inbox::{self, TransitionError};
 use inbox_core::BackoffPolicy;
-use tokio::sync::{watch, Notify, Semaphore};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
 use uuid::Uuid;
 
 use crate::handler::{Event, Handled, HandlerError, Router};
@@ -40,6 +41,26 @@ pub struct WorkerSettings {
     pub handler_timeout: Duration,
     /// Retry policy.
     pub backoff: BackoffPolicy,
+    /// On shutdown, how long handlers in flight may take to finish before they are abandoned
+    /// (their leases then expire and the events are retried).
+    pub shutdown_grace: Duration,
+    /// Whether running attempts extend their lease. Off only to simulate a stalled worker.
+    pub heartbeat: bool,
+    /// How often the backlog gauges are read from the database.
+    pub stats_interval: Duration,
+    /// Periodic purge of old done rows, if enabled.
+    pub retention: Option<Retention>,
+}
+
+/// Periodic retention inside the worker.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    /// Done rows older than this are deleted.
+    pub keep_done_for: Duration,
+    /// Never delete rows younger than this: the providers' redelivery window.
+    pub dedup_window: Duration,
+    /// How often to purge.
+    pub every: Duration,
 }
 
 /// Why an attempt's transaction did not commit.
@@ -89,21 +110,28 @@ impl Worker {
         Arc::clone(&self.wake)
     }
 
-    /// Runs until `shutdown` turns true: then stops claiming and waits for the handlers in
-    /// flight to finish.
+    /// Runs until `shutdown` turns true: then stops claiming, lets the handlers in flight
+    /// finish within the shutdown grace, and returns.
     pub async fn run(&self, mut shutdown: watch::Receiver<bool>) {
-        let slots = Arc::new(Semaphore::new(self.settings.concurrency.max(1)));
-        let mut last_rescue: Option<Instant> = None;
-        while !*shutdown.borrow() {
-            if last_rescue.is_none_or(|at| at.elapsed() >= self.settings.rescue_interval) {
-                self.rescue().await;
-                last_rescue = Some(Instant::now());
+        let housekeeping = tokio::spawn({
+            let worker = self.clone();
+            let shutdown = shutdown.clone();
+            async move { worker.housekeeping(shutdown).await }
+        });
+        let mut in_flight: JoinSet<()> = JoinSet::new();
+        let concurrency = self.settings.concurrency.max(1);
+        loop {
+            while in_flight.try_join_next().is_some() {}
+            if *shutdown.borrow() {
+                break;
             }
             // Claim only what can start now, so claimed rows never sit waiting for a slot.
-            let free = slots.available_permits().min(self.settings.batch_size);
+            let free = concurrency
+                .saturating_sub(in_flight.len())
+                .min(self.settings.batch_size.max(1));
             if free == 0 {
                 tokio::select! {
-                    permit = Arc::clone(&slots).acquire_owned() => drop(permit),
+                    _ = in_flight.join_next() => {}
                     _ = shutdown.changed() => {}
                 }
                 continue;
@@ -112,37 +140,137 @@ impl Worker {
                 Ok(claim) => claim,
                 Err(err) => {
                     tracing::warn!(error = %err, "claiming events failed; retrying after the poll interval");
-                    self.idle(&mut shutdown).await;
+                    self.idle(&mut shutdown, None).await;
                     continue;
                 }
             };
             if claimed.events.is_empty() {
-                self.idle(&mut shutdown).await;
+                let next_due = self.next_due().await;
+                self.idle(&mut shutdown, next_due).await;
                 continue;
             }
             let token = claimed.lease_token;
+            if *shutdown.borrow() {
+                // Stopping between claim and start: give the rows back, attempts unspent.
+                let ids: Vec<i64> = claimed.events.iter().map(|row| row.id).collect();
+                self.release(&ids, token).await;
+                break;
+            }
             for row in claimed.events {
-                let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-                    // Cannot happen (we claimed at most the free slots); be safe anyway.
-                    self.release(&[row.id], token).await;
-                    continue;
-                };
                 let worker = self.clone();
-                tokio::spawn(async move {
-                    worker.attempt(Event::from(row), token).await;
-                    drop(permit);
-                });
+                in_flight.spawn(async move { worker.attempt(Event::from(row), token).await });
             }
         }
-        // Wait for every in-flight handler: each holds one permit.
-        let total = u32::try_from(self.settings.concurrency.max(1)).unwrap_or(u32::MAX);
-        let _all = slots.acquire_many(total).await;
+        let running = in_flight.len();
+        if running > 0 {
+            tracing::info!(running, grace = ?self.settings.shutdown_grace, "waiting for handlers in flight");
+        }
+        let drained = tokio::time::timeout(self.settings.shutdown_grace, async {
+            while in_flight.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                abandoned = in_flight.len(),
+                "shutdown grace exceeded: abandoning handlers in flight; their events return when their leases expire"
+            );
+            in_flight.abort_all();
+            while in_flight.join_next().await.is_some() {}
+        }
+        housekeeping.abort();
     }
 
-    async fn idle(&self, shutdown: &mut watch::Receiver<bool>) {
+    /// Rescue of expired leases, backlog gauges and retention, on their own timers, off the
+    /// claim path.
+    async fn housekeeping(&self, mut shutdown: watch::Receiver<bool>) {
+        let mut rescue = tokio::time::interval(self.settings.rescue_interval);
+        let mut stats = tokio::time::interval(self.settings.stats_interval);
+        let mut retention = tokio::time::interval(
+            self.settings
+                .retention
+                .map_or(Duration::from_secs(3600), |r| r.every),
+        );
+        for timer in [&mut rescue, &mut stats, &mut retention] {
+            timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
+        loop {
+            tokio::select! {
+                _ = rescue.tick() => self.rescue().await,
+                _ = stats.tick() => self.refresh_backlog().await,
+                _ = retention.tick(), if self.settings.retention.is_some() => self.purge().await,
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    async fn refresh_backlog(&self) {
+        let result = async {
+            let mut conn = self.pool.get().await?;
+            anyhow::Ok(inbox_core::operations::backlog(&mut conn).await?)
+        }
+        .await;
+        match result {
+            Ok(backlog) => self.metrics.set_backlog(&backlog),
+            Err(err) => tracing::warn!(error = %err, "reading the backlog failed"),
+        }
+    }
+
+    async fn purge(&self) {
+        let Some(retention) = self.settings.retention else {
+            return;
+        };
+        let result = async {
+            let mut conn = self.pool.get().await?;
+            anyhow::Ok(
+                inbox_core::operations::purge_done(
+                    &mut conn,
+                    retention.keep_done_for,
+                    retention.dedup_window,
+                    1_000,
+                )
+                .await?,
+            )
+        }
+        .await;
+        match result {
+            Ok(purged) if purged.events + purged.processed_records > 0 => {
+                tracing::info!(
+                    events = purged.events,
+                    processed_records = purged.processed_records,
+                    "purged old done events"
+                );
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!(error = %err, "purging old done events failed"),
+        }
+    }
+
+    async fn next_due(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        let mut conn = self.pool.get().await.ok()?;
+        inbox_core::operations::next_due(&mut conn)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Waits for a notification, the next due retry, the poll interval or shutdown, whichever
+    /// comes first.
+    async fn idle(
+        &self,
+        shutdown: &mut watch::Receiver<bool>,
+        next_due: Option<chrono::DateTime<chrono::Utc>>,
+    ) {
+        let mut wait = self.settings.poll_interval;
+        if let Some(due) = next_due {
+            let until_due = (due - chrono::Utc::now())
+                .to_std()
+                .unwrap_or(Duration::ZERO);
+            // A due row another claimer holds locked right now is not ours to spin on.
+            wait = wait.min(until_due.max(Duration::from_millis(10)));
+        }
         tokio::select! {
             _ = self.wake.notified() => {}
-            _ = tokio::time::sleep(self.settings.poll_interval) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = shutdown.changed() => {}
         }
     }
@@ -200,9 +328,13 @@ impl Worker {
     #[tracing::instrument(skip_all, fields(provider = %event.provider, event_id = %event.event_id, attempt = event.attempt))]
     async fn attempt(&self, event: Event, token: Uuid) {
         let started = Instant::now();
-        let outcome = tokio::select! {
-            outcome = self.handle_and_complete(&event, token) => outcome,
-            never = self.heartbeat(event.id, token) => match never {},
+        let outcome = if self.settings.heartbeat {
+            tokio::select! {
+                outcome = self.handle_and_complete(&event, token) => outcome,
+                never = self.heartbeat(event.id, token) => match never {},
+            }
+        } else {
+            self.handle_and_complete(&event, token).await
         };
         self.metrics
             .handler_duration

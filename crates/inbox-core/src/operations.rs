@@ -1,0 +1,310 @@
+//! The operator's queries: backlog statistics, listing and showing events, replaying dead
+//! letters, and purging old done rows within the dedup window's limits.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel::sql_types::{Array, BigInt, Double, Text};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+
+use crate::schema::webhook_inbox;
+use crate::InboxStatus;
+
+/// The cheap backlog figures every worker exports as gauges. Reads only the ready,
+/// processing and dead rows, through their partial indexes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, QueryableByName)]
+pub struct Backlog {
+    /// Rows waiting, due now or later.
+    #[diesel(sql_type = BigInt)]
+    pub ready: i64,
+    /// Ready rows due now: the work there is to do.
+    #[diesel(sql_type = BigInt)]
+    pub due: i64,
+    /// Rows held under a lease.
+    #[diesel(sql_type = BigInt)]
+    pub processing: i64,
+    /// Dead letters waiting for an operator.
+    #[diesel(sql_type = BigInt)]
+    pub dead: i64,
+    /// Age in seconds of the oldest event not yet processed (ready or processing), 0 if none.
+    #[diesel(sql_type = Double)]
+    pub oldest_unprocessed_age_seconds: f64,
+}
+
+/// Reads the [`Backlog`].
+pub async fn backlog(conn: &mut AsyncPgConnection) -> QueryResult<Backlog> {
+    diesel::sql_query(
+        "SELECT count(*) FILTER (WHERE status = 0) AS ready, \
+                count(*) FILTER (WHERE status = 0 AND next_attempt_at <= now()) AS due, \
+                count(*) FILTER (WHERE status = 1) AS processing, \
+                count(*) FILTER (WHERE status = 3) AS dead, \
+                coalesce(extract(epoch FROM now() - min(received_at) FILTER (WHERE status IN (0, 1))), 0)::float8 \
+                    AS oldest_unprocessed_age_seconds \
+         FROM webhook_inbox WHERE status IN (0, 1, 3)",
+    )
+    .get_result(conn)
+    .await
+}
+
+/// Rows per status, including done (a full count: for the operator, not for a scrape loop).
+pub async fn count_by_status(conn: &mut AsyncPgConnection) -> QueryResult<Vec<(InboxStatus, i64)>> {
+    webhook_inbox::table
+        .group_by(webhook_inbox::status)
+        .select((webhook_inbox::status, diesel::dsl::count_star()))
+        .order_by(webhook_inbox::status)
+        .load::<(InboxStatus, i64)>(conn)
+        .await
+}
+
+/// One frequent error among rows still to be processed or dead.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct ErrorCount {
+    /// The error, cut to 200 characters.
+    #[diesel(sql_type = Text)]
+    pub error: String,
+    /// Rows carrying it.
+    #[diesel(sql_type = BigInt)]
+    pub rows: i64,
+}
+
+/// The most frequent `last_error`s of ready and dead rows.
+pub async fn top_errors(conn: &mut AsyncPgConnection, limit: i64) -> QueryResult<Vec<ErrorCount>> {
+    diesel::sql_query(
+        "SELECT left(last_error, 200) AS error, count(*) AS rows FROM webhook_inbox \
+         WHERE status IN (0, 3) AND last_error IS NOT NULL \
+         GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT $1",
+    )
+    .bind::<BigInt, _>(limit)
+    .load(conn)
+    .await
+}
+
+/// An inbox row as the operator sees it (without the body).
+#[derive(Debug, Clone, Queryable, Selectable)]
+#[diesel(table_name = webhook_inbox)]
+pub struct EventSummary {
+    /// Row id.
+    pub id: i64,
+    /// Provider.
+    pub provider: String,
+    /// Provider's event id.
+    pub event_id: String,
+    /// Event type.
+    pub event_type: Option<String>,
+    /// State.
+    pub status: InboxStatus,
+    /// Attempts begun.
+    pub attempt: i32,
+    /// When it was received.
+    pub received_at: DateTime<Utc>,
+    /// When it is due (ready rows).
+    pub next_attempt_at: DateTime<Utc>,
+    /// When it finished (done or dead rows).
+    pub processed_at: Option<DateTime<Utc>>,
+    /// Last worker that claimed it.
+    pub locked_by: Option<String>,
+    /// Last failure.
+    pub last_error: Option<String>,
+}
+
+/// Which rows an operator command applies to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventFilter {
+    /// Only these row ids (when not empty).
+    pub ids: Vec<i64>,
+    /// Only this provider.
+    pub provider: Option<String>,
+    /// Only this state.
+    pub status: Option<InboxStatus>,
+    /// Only rows received at or after this time.
+    pub received_since: Option<DateTime<Utc>>,
+    /// Only rows received before this time.
+    pub received_until: Option<DateTime<Utc>>,
+}
+
+impl EventFilter {
+    fn apply<'a>(
+        &'a self,
+        mut query: webhook_inbox::BoxedQuery<'a, diesel::pg::Pg>,
+    ) -> webhook_inbox::BoxedQuery<'a, diesel::pg::Pg> {
+        if !self.ids.is_empty() {
+            query = query.filter(webhook_inbox::id.eq_any(&self.ids));
+        }
+        if let Some(provider) = &self.provider {
+            query = query.filter(webhook_inbox::provider.eq(provider));
+        }
+        if let Some(status) = self.status {
+            query = query.filter(webhook_inbox::status.eq(status));
+        }
+        if let Some(since) = self.received_since {
+            query = query.filter(webhook_inbox::received_at.ge(since));
+        }
+        if let Some(until) = self.received_until {
+            query = query.filter(webhook_inbox::received_at.lt(until));
+        }
+        query
+    }
+}
+
+/// Rows matching `filter`, newest first.
+pub async fn list(
+    conn: &mut AsyncPgConnection,
+    filter: &EventFilter,
+    limit: i64,
+) -> QueryResult<Vec<EventSummary>> {
+    filter
+        .apply(webhook_inbox::table.into_boxed())
+        .order_by(webhook_inbox::id.desc())
+        .limit(limit)
+        .select(EventSummary::as_select())
+        .load(conn)
+        .await
+}
+
+/// One event with its stored headers and body.
+#[derive(Debug, Clone, Queryable, Selectable)]
+#[diesel(table_name = webhook_inbox)]
+pub struct EventDetail {
+    /// The summary.
+    #[diesel(embed)]
+    pub summary: EventSummary,
+    /// Stored headers.
+    pub headers: serde_json::Value,
+    /// Exact body bytes.
+    pub body: Vec<u8>,
+    /// Lease expiry, while processing.
+    pub locked_until: Option<DateTime<Utc>>,
+}
+
+/// The event `(provider, event_id)`, if stored.
+pub async fn show(
+    conn: &mut AsyncPgConnection,
+    provider: &str,
+    event_id: &str,
+) -> QueryResult<Option<EventDetail>> {
+    webhook_inbox::table
+        .filter(webhook_inbox::provider.eq(provider))
+        .filter(webhook_inbox::event_id.eq(event_id))
+        .select(EventDetail::as_select())
+        .first(conn)
+        .await
+        .optional()
+}
+
+/// Ids of the dead rows `filter` selects (what a replay would touch).
+pub async fn replay_candidates(
+    conn: &mut AsyncPgConnection,
+    filter: &EventFilter,
+) -> QueryResult<Vec<i64>> {
+    filter
+        .apply(webhook_inbox::table.into_boxed())
+        .filter(webhook_inbox::status.eq(InboxStatus::Dead))
+        .order_by(webhook_inbox::id)
+        .select(webhook_inbox::id)
+        .load(conn)
+        .await
+}
+
+/// `dead -> ready` for these ids, attempts reset, due now. Rows that are not dead (any more)
+/// are left alone. Returns how many rows were replayed.
+///
+/// The event's `processed_events` record is not touched: a dead event never committed an
+/// effect, so none exists for it.
+pub async fn replay(conn: &mut AsyncPgConnection, ids: &[i64]) -> QueryResult<usize> {
+    diesel::sql_query(
+        "UPDATE webhook_inbox \
+         SET status = 0, attempt = 0, next_attempt_at = now(), processed_at = NULL, \
+             last_error = 'replayed by operator after: ' || coalesce(last_error, 'no error recorded') \
+         WHERE id = ANY($1) AND status = 3",
+    )
+    .bind::<Array<BigInt>, _>(ids)
+    .execute(conn)
+    .await
+}
+
+/// Why a purge was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PurgeError {
+    /// The retention is shorter than the dedup window: a provider's redelivery of a purged
+    /// event would be accepted again as new.
+    #[error("retention {retention:?} is shorter than the dedup window {dedup_window:?}: redeliveries of purged events would be processed again")]
+    WithinDedupWindow {
+        /// Requested retention.
+        retention: Duration,
+        /// The configured dedup window.
+        dedup_window: Duration,
+    },
+    /// The database failed.
+    #[error(transparent)]
+    Database(#[from] diesel::result::Error),
+}
+
+/// What one purge did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Purged {
+    /// Done inbox rows deleted.
+    pub events: usize,
+    /// `processed_events` records deleted.
+    pub processed_records: usize,
+}
+
+/// Deletes done rows (and their `processed_events` records) that finished more than
+/// `retention` ago, `batch` rows per statement so no statement holds many locks for long.
+/// Dead rows are kept for the operator. Refuses a retention shorter than `dedup_window`.
+pub async fn purge_done(
+    conn: &mut AsyncPgConnection,
+    retention: Duration,
+    dedup_window: Duration,
+    batch: i64,
+) -> Result<Purged, PurgeError> {
+    if retention < dedup_window {
+        return Err(PurgeError::WithinDedupWindow {
+            retention,
+            dedup_window,
+        });
+    }
+    let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+    let mut purged = Purged::default();
+    loop {
+        let deleted = diesel::sql_query(
+            "DELETE FROM webhook_inbox WHERE id IN ( \
+                 SELECT id FROM webhook_inbox \
+                 WHERE status = 2 AND processed_at < now() - $1 * interval '1 millisecond' \
+                 ORDER BY id LIMIT $2)",
+        )
+        .bind::<BigInt, _>(retention_ms)
+        .bind::<BigInt, _>(batch)
+        .execute(conn)
+        .await?;
+        purged.events += deleted;
+        if deleted < usize::try_from(batch).unwrap_or(usize::MAX) {
+            break;
+        }
+    }
+    loop {
+        let deleted = diesel::sql_query(
+            "DELETE FROM processed_events WHERE ctid = ANY(ARRAY( \
+                 SELECT ctid FROM processed_events \
+                 WHERE processed_at < now() - $1 * interval '1 millisecond' LIMIT $2))",
+        )
+        .bind::<BigInt, _>(retention_ms)
+        .bind::<BigInt, _>(batch)
+        .execute(conn)
+        .await?;
+        purged.processed_records += deleted;
+        if deleted < usize::try_from(batch).unwrap_or(usize::MAX) {
+            break;
+        }
+    }
+    Ok(purged)
+}
+
+/// When the next ready row falls due, if any is waiting.
+pub async fn next_due(conn: &mut AsyncPgConnection) -> QueryResult<Option<DateTime<Utc>>> {
+    webhook_inbox::table
+        .filter(webhook_inbox::status.eq(InboxStatus::Ready))
+        .select(diesel::dsl::min(webhook_inbox::next_attempt_at))
+        .get_result(conn)
+        .await
+}

@@ -1,0 +1,201 @@
+//! The routes file: which handler runs for which provider and event type, configured without
+//! writing Rust.
+//!
+//! ```toml
+//! [[routes]]                               # first match wins
+//! provider = "stripe"                      # optional: "*" (default), exact, or "prefix*"
+//! event_type = "payment_intent.*"          # optional, same patterns
+//! handler = "forward"
+//! url = "http://payments.internal/webhooks/stripe"
+//! timeout = "10s"                          # optional (default 10s)
+//! connect_timeout = "2s"                   # optional (default 2s)
+//! max_in_flight = 32                       # optional (default 32)
+//!
+//! [[routes]]
+//! handler = "demo"                         # the demo ledger and payments handler
+//! ```
+//!
+//! Events no route matches are completed as ignored (and counted), never retried.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::demo::DemoLedger;
+use crate::forward::{Forward, ForwardSettings};
+use crate::handler::Router;
+
+/// Default forward timeout.
+pub const DEFAULT_FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default forward connection timeout.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default concurrent requests per forward target.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
+
+/// Why the routes file was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum RoutesError {
+    /// Unreadable file.
+    #[error("cannot read routes file {path}")]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Invalid content.
+    #[error("routes file {path} is invalid: {message}")]
+    Invalid {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RoutesFile {
+    #[serde(default)]
+    routes: Vec<RouteSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteSpec {
+    provider: Option<String>,
+    event_type: Option<String>,
+    handler: HandlerKind,
+    url: Option<String>,
+    timeout: Option<String>,
+    connect_timeout: Option<String>,
+    max_in_flight: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+enum HandlerKind {
+    Demo,
+    Forward,
+}
+
+fn duration(text: Option<&str>, default: Duration) -> Result<Duration, String> {
+    text.map_or(Ok(default), |t| {
+        humantime::parse_duration(t).map_err(|e| format!("{t:?}: {e}"))
+    })
+}
+
+/// Builds a router from routes file text.
+pub fn parse_routes(text: &str, path: &Path) -> Result<Router, RoutesError> {
+    let invalid = |message: String| RoutesError::Invalid {
+        path: path.to_owned(),
+        message,
+    };
+    let file: RoutesFile = toml::from_str(text).map_err(|err| invalid(err.message().to_owned()))?;
+    let mut router = Router::new();
+    for (index, route) in file.routes.into_iter().enumerate() {
+        let number = index + 1;
+        let handler: Arc<dyn crate::Handler> = match route.handler {
+            HandlerKind::Demo => {
+                if route.url.is_some()
+                    || route.timeout.is_some()
+                    || route.connect_timeout.is_some()
+                    || route.max_in_flight.is_some()
+                {
+                    return Err(invalid(format!(
+                        "route #{number}: the demo handler takes no url or forward settings"
+                    )));
+                }
+                Arc::new(DemoLedger)
+            }
+            HandlerKind::Forward => {
+                let url = route.url.ok_or_else(|| {
+                    invalid(format!("route #{number}: handler \"forward\" needs a url"))
+                })?;
+                let url = reqwest::Url::parse(&url)
+                    .map_err(|err| invalid(format!("route #{number}: url {url:?}: {err}")))?;
+                if !matches!(url.scheme(), "http" | "https") {
+                    return Err(invalid(format!(
+                        "route #{number}: url must be http or https"
+                    )));
+                }
+                let settings = ForwardSettings {
+                    url,
+                    timeout: duration(route.timeout.as_deref(), DEFAULT_FORWARD_TIMEOUT)
+                        .map_err(|e| invalid(format!("route #{number}: timeout {e}")))?,
+                    connect_timeout: duration(
+                        route.connect_timeout.as_deref(),
+                        DEFAULT_CONNECT_TIMEOUT,
+                    )
+                    .map_err(|e| invalid(format!("route #{number}: connect_timeout {e}")))?,
+                    max_in_flight: route.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT).max(1),
+                };
+                Arc::new(
+                    Forward::new(settings)
+                        .map_err(|err| invalid(format!("route #{number}: {err}")))?,
+                )
+            }
+        };
+        router = router.route(
+            route.provider.as_deref(),
+            route.event_type.as_deref(),
+            handler,
+        );
+    }
+    Ok(router)
+}
+
+/// Reads and builds the routes file.
+pub fn load_routes(path: &Path) -> Result<Router, RoutesError> {
+    let text = std::fs::read_to_string(path).map_err(|source| RoutesError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_routes(&text, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forward_and_demo_routes_parse_and_route_in_order() {
+        let router = parse_routes(
+            r#"
+            [[routes]]
+            provider = "stripe"
+            event_type = "payment_intent.*"
+            handler = "forward"
+            url = "http://127.0.0.1:9/hooks"
+            timeout = "3s"
+            [[routes]]
+            handler = "demo"
+            "#,
+            Path::new("routes.toml"),
+        )
+        .expect("valid routes");
+        assert!(router
+            .handler_for("stripe", Some("payment_intent.created"))
+            .is_some());
+        assert!(router.handler_for("github", Some("push")).is_some());
+    }
+
+    #[test]
+    fn bad_urls_unknown_handlers_and_unknown_fields_are_rejected() {
+        let path = Path::new("routes.toml");
+        let err = parse_routes(
+            "[[routes]]\nhandler = \"forward\"\nurl = \"ftp://x\"\n",
+            path,
+        )
+        .expect_err("ftp url");
+        assert!(err.to_string().contains("http or https"), "{err}");
+        let err =
+            parse_routes("[[routes]]\nhandler = \"email\"\n", path).expect_err("unknown handler");
+        assert!(err.to_string().contains("email"), "{err}");
+        let err = parse_routes("[[routes]]\nhandler = \"forward\"\n", path).expect_err("no url");
+        assert!(err.to_string().contains("url"), "{err}");
+    }
+}
