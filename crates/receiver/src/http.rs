@@ -6,14 +6,16 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
 use actix_web::http::header::{self, HeaderMap};
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpMessage as _, HttpRequest, HttpResponse};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use inbox_core::db::PgPool;
 use inbox_core::inbox::{InsertOutcome, NewEvent};
 use inbox_signature::HeaderSource;
 use sha2::{Digest, Sha256};
+use tracing_actix_web::RequestId;
 
 use crate::error::ApiError;
 use crate::identify::{identify, Identified};
@@ -253,7 +255,8 @@ fn reject_repeated_headers(headers: &HeaderMap, provider: &Provider) -> Result<(
         Identity::Shopify => {
             names.extend(["x-shopify-event-id", "x-shopify-webhook-id"].map(String::from));
         }
-        Identity::Slack { .. } => {}
+        // Slack's identity is in the body; Standard Webhooks' id headers are signature headers.
+        Identity::Slack { .. } | Identity::StandardWebhooks => {}
     }
     for name in names {
         if headers.get_all(name.as_str()).nth(1).is_some() {
@@ -295,6 +298,34 @@ fn unix_now() -> i64 {
         .map_or(0, |elapsed| {
             i64::try_from(elapsed.as_secs()).unwrap_or(i64::MAX)
         })
+}
+
+/// Response header carrying the request id that every log line of the request also carries,
+/// so a provider's delivery report can be matched with the receiver's logs.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Middleware: copies the request id of the tracing span (set by `TracingLogger`, which must
+/// wrap this one) into the `X-Request-Id` response header.
+pub fn echo_request_id<S>(
+    request: ServiceRequest,
+    service: &S,
+) -> impl std::future::Future<Output = Result<ServiceResponse, actix_web::Error>>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse, Error = actix_web::Error>,
+{
+    let request_id = request.extensions().get::<RequestId>().copied();
+    let response = service.call(request);
+    async move {
+        let mut response = response.await?;
+        if let Some(value) =
+            request_id.and_then(|id| header::HeaderValue::from_str(&id.to_string()).ok())
+        {
+            response
+                .headers_mut()
+                .insert(header::HeaderName::from_static(REQUEST_ID_HEADER), value);
+        }
+        Ok(response)
+    }
 }
 
 async fn method_not_allowed() -> HttpResponse {

@@ -1,9 +1,10 @@
 //! Finds a verified request's event id and type, where its provider puts them.
 //!
-//! The body is parsed as JSON only when the id or type comes from it; otherwise it is stored
-//! exactly as received, whatever its format (GitHub's form-encoded payloads, Shopify's XML).
+//! The body must be JSON only when the event id comes from it; otherwise it is stored exactly
+//! as received, whatever its format (GitHub's form-encoded payloads, Shopify's XML), and a type
+//! that would have come from a JSON body is simply absent.
 
-use inbox_signature::HeaderSource;
+use inbox_signature::{header_names, HeaderSource};
 use serde_json::Value;
 
 use crate::providers::{FieldSource, Identity, MAX_EVENT_ID_CHARS};
@@ -50,13 +51,17 @@ pub fn identify(
             event_id,
             event_type,
         } => {
-            let needs_json = matches!(event_id, FieldSource::JsonPointer(_))
-                || matches!(event_type, Some(FieldSource::JsonPointer(_)));
-            let json = if needs_json {
+            // The body must be JSON only when the dedup key is in it; a type is informational,
+            // so a non-JSON body whose id travels in a header is stored without one.
+            let id_in_body = matches!(event_id, FieldSource::JsonPointer(_));
+            let type_in_body = matches!(event_type, Some(FieldSource::JsonPointer(_)));
+            let json = if id_in_body {
                 Some(
                     serde_json::from_slice::<Value>(body)
                         .map_err(|_| IdentifyError::InvalidJson)?,
                 )
+            } else if type_in_body {
+                serde_json::from_slice::<Value>(body).ok()
             } else {
                 None
             };
@@ -74,6 +79,18 @@ pub fn identify(
                 .ok_or_else(|| IdentifyError::MissingEventId("header X-Shopify-Event-Id".into()))?;
             let topic = headers.header("x-shopify-topic").map(str::to_owned);
             event(id.to_owned(), topic)
+        }
+        Identity::StandardWebhooks => {
+            // The same preference as the verifier's: the `webhook-*` spelling when present, so
+            // the id stored is the id that was signed.
+            let id = headers
+                .header(header_names::WEBHOOK_ID)
+                .or_else(|| headers.header(header_names::SVIX_ID))
+                .ok_or_else(|| IdentifyError::MissingEventId("header webhook-id".into()))?;
+            let event_type = serde_json::from_slice::<Value>(body)
+                .ok()
+                .and_then(|json| json.get("type").and_then(scalar_text));
+            event(id.to_owned(), event_type)
         }
         Identity::Slack { form_id_field } => identify_slack(body, form_id_field),
     }
@@ -220,6 +237,49 @@ mod tests {
             Err(IdentifyError::MissingEventId(
                 "body at JSON pointer /id".into()
             ))
+        );
+    }
+
+    #[test]
+    fn a_type_read_from_the_body_does_not_make_json_required() {
+        let headers: Vec<(String, String)> = vec![("x-id".into(), "hdr-1".into())];
+        let identity = fields(
+            FieldSource::Header("x-id".into()),
+            Some(FieldSource::JsonPointer("/type".into())),
+        );
+        assert_eq!(
+            identify(&identity, &headers, b"<xml>not json</xml>"),
+            ev("hdr-1", None)
+        );
+        assert_eq!(
+            identify(&identity, &headers, br#"{"type":"a.b"}"#),
+            ev("hdr-1", Some("a.b"))
+        );
+    }
+
+    #[test]
+    fn standard_webhooks_ids_come_from_webhook_id_or_else_svix_id() {
+        let webhook: Vec<(String, String)> = vec![
+            ("svix-id".into(), "msg_svix".into()),
+            ("webhook-id".into(), "msg_std".into()),
+        ];
+        assert_eq!(
+            identify(
+                &Identity::StandardWebhooks,
+                &webhook,
+                br#"{"type":"invoice.paid"}"#
+            ),
+            ev("msg_std", Some("invoice.paid"))
+        );
+        let svix: Vec<(String, String)> = vec![("svix-id".into(), "msg_svix".into())];
+        assert_eq!(
+            identify(&Identity::StandardWebhooks, &svix, b"plain text"),
+            ev("msg_svix", None)
+        );
+        let neither: Vec<(String, String)> = vec![];
+        assert_eq!(
+            identify(&Identity::StandardWebhooks, &neither, b"{}"),
+            Err(IdentifyError::MissingEventId("header webhook-id".into()))
         );
     }
 

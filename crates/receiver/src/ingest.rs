@@ -83,14 +83,20 @@ pub struct Ingestor {
 
 #[derive(Clone)]
 enum Inner {
-    GroupCommit(mpsc::Sender<Pending>),
-    PerRequest { pool: PgPool, metrics: Metrics },
+    GroupCommit {
+        queue: mpsc::Sender<Pending>,
+        metrics: Metrics,
+    },
+    PerRequest {
+        pool: PgPool,
+        metrics: Metrics,
+    },
 }
 
 impl std::fmt::Debug for Ingestor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mode = match self.inner {
-            Inner::GroupCommit(_) => IngestMode::GroupCommit,
+            Inner::GroupCommit { .. } => IngestMode::GroupCommit,
             Inner::PerRequest { .. } => IngestMode::PerRequest,
         };
         f.debug_struct("Ingestor")
@@ -126,7 +132,10 @@ impl Ingestor {
                         max_batch.max(1),
                     ));
                 }
-                Inner::GroupCommit(sender)
+                Inner::GroupCommit {
+                    queue: sender,
+                    metrics,
+                }
             }
         };
         Self { inner, deadline }
@@ -143,14 +152,17 @@ impl Ingestor {
                     .pop()
                     .ok_or_else(|| Arc::new(StoreError::Database(missing_outcome())))
             }
-            Inner::GroupCommit(sender) => {
+            Inner::GroupCommit { queue, metrics } => {
                 let (reply, answer) = oneshot::channel();
-                sender
-                    .try_send(Pending { event, reply })
-                    .map_err(|err| match err {
+                // Counted before it is sent, so a writer never takes it off the gauge first.
+                metrics.ingest_queue.inc();
+                queue.try_send(Pending { event, reply }).map_err(|err| {
+                    metrics.ingest_queue.dec();
+                    match err {
                         mpsc::error::TrySendError::Full(_) => Arc::new(StoreError::Overloaded),
                         mpsc::error::TrySendError::Closed(_) => Arc::new(StoreError::ShuttingDown),
-                    })?;
+                    }
+                })?;
                 match tokio::time::timeout(self.deadline, answer).await {
                     Ok(Ok(result)) => result,
                     Ok(Err(_writer_gone)) => Err(Arc::new(StoreError::ShuttingDown)),
@@ -165,23 +177,36 @@ fn missing_outcome() -> diesel::result::Error {
     diesel::result::Error::DeserializationError("insert returned no outcome".into())
 }
 
+/// How long a connection whose statement overran the deadline is kept out of the pool while
+/// that statement finishes on the server.
+const QUARANTINE: Duration = Duration::from_secs(60);
+
 async fn write_batch(
     pool: &PgPool,
     events: &[NewEvent],
     deadline: Duration,
 ) -> Result<Vec<InsertOutcome>, StoreError> {
     let started = Instant::now();
-    let mut conn = tokio::time::timeout(deadline, pool.get())
+    let mut conn = tokio::time::timeout(deadline, pool.get_owned())
         .await
         .map_err(|_| StoreError::NoConnection)?
         .map_err(|_| StoreError::NoConnection)?;
     let remaining = deadline.saturating_sub(started.elapsed());
-    // On timeout the connection is dropped mid-statement: it is not returned to the pool in
-    // an unknown state, and the statement either commits or not; the provider's retry finds out.
-    tokio::time::timeout(remaining, inbox::insert_events(&mut conn, events))
-        .await
-        .map_err(|_| StoreError::Deadline)?
-        .map_err(StoreError::Database)
+    match tokio::time::timeout(remaining, inbox::insert_events(&mut conn, events)).await {
+        Ok(result) => result.map_err(StoreError::Database),
+        Err(_elapsed) => {
+            // The statement may still run, and commit, on the server: the caller answers 503
+            // and the provider's retry finds out ("duplicate" if it landed). The connection
+            // would queue the next batch behind that statement, so it stays out of the pool
+            // until a trivial query shows the statement is over.
+            tokio::spawn(async move {
+                let drained =
+                    diesel_async::SimpleAsyncConnection::batch_execute(&mut *conn, "SELECT 1");
+                let _ = tokio::time::timeout(QUARANTINE, drained).await;
+            });
+            Err(StoreError::Deadline)
+        }
+    }
 }
 
 async fn run_writer(
@@ -196,9 +221,13 @@ async fn run_writer(
         {
             // Only one writer collects at a time; the others are writing meanwhile.
             let mut queue = queue.lock().await;
-            if queue.recv_many(&mut batch, max_batch).await == 0 {
+            let taken = queue.recv_many(&mut batch, max_batch).await;
+            if taken == 0 {
                 return; // every sender is gone and the queue is drained
             }
+            metrics
+                .ingest_queue
+                .sub(i64::try_from(taken).unwrap_or(i64::MAX));
         }
         // Requests that already gave up (deadline passed) need no write.
         let (events, replies): (Vec<NewEvent>, Vec<_>) = batch

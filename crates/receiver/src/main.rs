@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use inbox_core::telemetry::LogArgs;
-use receiver::providers::Providers;
+use receiver::providers::{Providers, PROVIDER_FILE_HELP};
 use receiver::server::{self, ServeArgs};
 
 /// Receives provider webhooks into the PostgreSQL inbox.
@@ -12,8 +12,14 @@ use receiver::server::{self, ServeArgs};
 /// scheme and stored once per (provider, event id); the answer is 200 only after the row is
 /// committed ({"status":"accepted"} or {"status":"duplicate"}), 503 with Retry-After when the
 /// database cannot confirm the write in time. The worker processes what is stored.
+///
+/// Every flag can also be set through the environment variable shown next to it.
 #[derive(Debug, Parser)]
-#[command(version, propagate_version = true)]
+#[command(
+    version,
+    propagate_version = true,
+    after_help = "See `receiver serve --help` for the provider file format."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -24,6 +30,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the webhook endpoints (and /metrics on its own address).
+    #[command(after_help = PROVIDER_FILE_HELP)]
     Serve(Box<ServeArgs>),
     /// Apply pending database migrations, then exit.
     Migrate {
@@ -48,6 +55,7 @@ enum Command {
         id: String,
     },
     /// Check the provider file (and that every secret it names can be read), then exit.
+    #[command(after_help = PROVIDER_FILE_HELP)]
     CheckConfig {
         /// Provider file to check.
         #[arg(long, env = "INBOX_CONFIG")]

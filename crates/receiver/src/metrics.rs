@@ -1,7 +1,7 @@
 //! The receiver's Prometheus metrics. Labels are bounded: provider is a configured name (or
 //! `unknown`), outcome a fixed word, secret a configured label; never a value from a request.
 
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::ingest::StoreError;
 
@@ -21,6 +21,9 @@ pub struct Metrics {
     pub ingest_duration: HistogramVec,
     /// `inbox_receiver_batch_size`: events per insert statement.
     pub batch_size: Histogram,
+    /// `inbox_receiver_ingest_queue_events`: events handed to group commit and not yet taken
+    /// by a writer (a backlog here means the database is slower than the traffic).
+    pub ingest_queue: IntGauge,
     /// `inbox_receiver_db_errors_total{kind}`: failed writes (no_connection, deadline, query,
     /// overloaded, shutting_down).
     pub db_errors: IntCounterVec,
@@ -84,6 +87,14 @@ impl Metrics {
         registry
             .register(Box::new(batch_size.clone()))
             .unwrap_or_else(|err| panic!("batch histogram registered twice: {err}"));
+        let ingest_queue = IntGauge::new(
+            "receiver_ingest_queue_events",
+            "Events waiting for a group-commit writer.",
+        )
+        .unwrap_or_else(|err| panic!("queue gauge is malformed: {err}"));
+        registry
+            .register(Box::new(ingest_queue.clone()))
+            .unwrap_or_else(|err| panic!("queue gauge registered twice: {err}"));
         let db_errors = counter(
             &registry,
             "receiver_db_errors_total",
@@ -107,6 +118,7 @@ impl Metrics {
             requests,
             ingest_duration,
             batch_size,
+            ingest_queue,
             db_errors,
             body_mismatches,
             verified_by_secret,

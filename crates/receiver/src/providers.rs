@@ -26,6 +26,36 @@ use std::time::Duration;
 use inbox_signature::{DigestEncoding, GenericHmac, Scheme, SigningKey};
 use serde::Deserialize;
 
+/// The provider file's format, shown by `receiver serve --help` and `receiver check-config --help`.
+pub const PROVIDER_FILE_HELP: &str = r#"PROVIDER FILE (--config, TOML)
+One table per provider; its name is the URL path (POST /webhooks/<name>) and the first half of
+the dedup key. Names: 1-64 characters of a-z, 0-9, '-' and '_'.
+
+  [providers.<name>]
+  scheme = "stripe" | "github" | "standard-webhooks" | "shopify" | "slack" | "hmac-sha256"
+  secrets = [{ env = "VAR", name = "current" }, { file = "path", name = "previous" }]
+      Tried in order (rotation). Each secret comes from exactly one environment variable or
+      file (relative to the provider file; a trailing newline is ignored). `name` labels it in
+      inbox_receiver_signature_verified_total{provider,secret} (default: its position).
+      Standard Webhooks secrets are written whsec_<base64>; Stripe's whsec_ string is used whole.
+  unsigned = true            accept unverified requests (local development only; no secrets)
+  tolerance = "5m"           stripe, standard-webhooks, slack: accepted clock distance, both ways
+  drop_headers = ["x-..."]   headers not to store, beyond Authorization, Cookie and the like
+  form_event_id_field = "trigger_id"
+                             slack: the form field that keys form-encoded bodies (slash commands)
+
+  Generic scheme "hmac-sha256" (HMAC-SHA256 of the raw body in one header):
+  signature_header = "X-Signature"
+  encoding = "hex" | "base64"                  (default hex)
+  prefix = "sha256="                           (optional; required in the header when set)
+  event_id = { json_pointer = "/id" }          or { header = "X-Delivery-Id" }
+  event_type = { json_pointer = "/type" }      optional, or { header = "..." }
+
+Event ids: stripe body `id`; github X-GitHub-Delivery; standard-webhooks webhook-id (or
+svix-id); shopify X-Shopify-Event-Id (or X-Shopify-Webhook-Id); slack body `event_id`, or the
+form field above. A provider without secrets is refused at start-up unless `unsigned = true`.
+Example: config/providers.example.toml."#;
+
 /// Longest event id the inbox stores (the column's CHECK constraint).
 pub const MAX_EVENT_ID_CHARS: usize = 255;
 
@@ -159,6 +189,9 @@ pub enum Identity {
     },
     /// Shopify: `X-Shopify-Event-Id`, falling back to `X-Shopify-Webhook-Id`.
     Shopify,
+    /// Standard Webhooks: the signed message id, `webhook-id`, or `svix-id` when the request
+    /// uses Svix's spelling of the headers; the type is the body's `type` when the body is JSON.
+    StandardWebhooks,
 }
 
 /// One configured provider, ready to verify requests.
@@ -316,10 +349,7 @@ fn build_provider(
         ),
         SchemeName::StandardWebhooks => (
             Scheme::StandardWebhooks { tolerance },
-            Identity::Fields {
-                event_id: header("webhook-id"),
-                event_type: Some(json_pointer("/type")),
-            },
+            Identity::StandardWebhooks,
         ),
         SchemeName::Shopify => (Scheme::Shopify, Identity::Shopify),
         SchemeName::Slack => (

@@ -126,6 +126,9 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
         App::new()
             .app_data(state.clone())
             .configure(http::configure)
+            // Registered before the logger, so it runs inside it and finds the request id the
+            // logger put in the request's span.
+            .wrap_fn(http::echo_request_id)
             .wrap(tracing_actix_web::TracingLogger::default())
     })
     .shutdown_timeout(args.shutdown_timeout.as_secs().max(1))
