@@ -177,6 +177,12 @@ impl RunningWorker {
         let metrics = WorkerMetrics::new();
         let worker = Worker::new(db.pool(10), router, settings, metrics.clone());
         let (stop, stopped) = watch::channel(false);
+        // As in the binary: new events wake the worker through LISTEN/NOTIFY.
+        tokio::spawn(worker::listener::listen_for_new_events(
+            db.url().to_owned(),
+            worker.waker(),
+            stopped.clone(),
+        ));
         let task = {
             let worker = worker.clone();
             tokio::spawn(async move { worker.run(stopped).await })

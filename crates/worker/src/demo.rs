@@ -55,16 +55,17 @@ struct Envelope {
     top: Option<PaymentBody>,
 }
 
-fn payment_of(event: &Event) -> Result<PaymentBody, HandlerError> {
-    let envelope: Envelope = serde_json::from_slice(&event.body)
-        .map_err(|err| HandlerError::Permanent(format!("payment event body: {err}")))?;
-    let payment = envelope.data.or(envelope.top).ok_or_else(|| {
-        HandlerError::Permanent("payment event without payment_id and amount".into())
-    })?;
-    if payment.amount < 0 {
-        return Err(HandlerError::Permanent("negative payment amount".into()));
+/// The payment an event's body describes, if it describes one.
+fn payment_of(event: &Event) -> Result<Option<PaymentBody>, HandlerError> {
+    let Ok(envelope) = serde_json::from_slice::<Envelope>(&event.body) else {
+        return Ok(None);
+    };
+    match envelope.data.or(envelope.top) {
+        Some(payment) if payment.amount < 0 => {
+            Err(HandlerError::Permanent("negative payment amount".into()))
+        }
+        payment => Ok(payment),
     }
-    Ok(payment)
 }
 
 async fn apply_payment(
@@ -72,7 +73,10 @@ async fn apply_payment(
     event_type: &str,
     event: &Event,
 ) -> Result<(), HandlerError> {
-    let payment = payment_of(event)?;
+    // Payment events without payment data still get their ledger line; nothing else to do.
+    let Some(payment) = payment_of(event)? else {
+        return Ok(());
+    };
     match event_type {
         "payment.succeeded" => {
             diesel::insert_into(demo_payments::table)
