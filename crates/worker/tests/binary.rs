@@ -1,0 +1,336 @@
+//! The `worker` binary as an operator runs it: graceful shutdown on SIGTERM, and the operator
+//! subcommands.
+#![allow(clippy::unwrap_used)] // a test stops at the first failed step
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use inbox_core::inbox::{insert_events, NewEvent};
+use inbox_tests::{count, wait_until};
+use test_db::TestDatabase;
+
+const WORKER: &str = env!("CARGO_BIN_EXE_worker");
+
+fn event(n: usize, event_type: &str) -> NewEvent {
+    let body = format!(r#"{{"id":"evt_{n}","type":"{event_type}"}}"#).into_bytes();
+    NewEvent {
+        provider: "demo".into(),
+        event_id: format!("evt_{n}"),
+        event_type: Some(event_type.into()),
+        headers: serde_json::json!({"content-type": "application/json"}),
+        body_sha256: [0; 32],
+        body,
+    }
+}
+
+fn worker(db: &TestDatabase, args: &[&str]) -> Command {
+    let mut command = Command::new(WORKER);
+    command
+        .args(args)
+        .env("DATABASE_URL", db.url())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null());
+    command
+}
+
+fn run_worker(db: &TestDatabase) -> Child {
+    worker(
+        db,
+        &[
+            "run",
+            "--demo-handler",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--concurrency",
+            "16",
+            "--batch-size",
+            "50",
+        ],
+    )
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap()
+}
+
+fn sigterm(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+async fn wait_for_exit(mut child: Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "worker did not exit within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_batch_loses_nothing_and_processes_nothing_twice() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let events: Vec<NewEvent> = (0..5_000).map(|n| event(n, "test.event")).collect();
+    for chunk in events.chunks(1_000) {
+        insert_events(&mut conn, chunk).await.unwrap();
+    }
+
+    let first = run_worker(&db);
+    wait_until(
+        "the worker is mid-way",
+        Duration::from_secs(60),
+        async || {
+            count(
+                &mut conn,
+                "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+            )
+            .await
+                >= 300
+        },
+    )
+    .await;
+    sigterm(&first);
+    let status = wait_for_exit(first, Duration::from_secs(30)).await;
+    assert!(status.success(), "graceful shutdown exits 0, got {status}");
+
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM webhook_inbox WHERE status = 1"
+        )
+        .await,
+        0,
+        "nothing left under a lease: finished or given back"
+    );
+    let done = count(
+        &mut conn,
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+    )
+    .await;
+    assert!(done < 5_000, "the shutdown came mid-batch (done: {done})");
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM demo_ledger").await,
+        done,
+        "exactly the done events have their effect"
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM webhook_inbox WHERE status = 0 AND attempt <> 0"
+        )
+        .await,
+        0,
+        "rows given back did not spend an attempt"
+    );
+
+    let second = run_worker(&db);
+    wait_until(
+        "a second worker finishes the rest",
+        Duration::from_secs(120),
+        async || {
+            count(
+                &mut conn,
+                "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+            )
+            .await
+                == 5_000
+        },
+    )
+    .await;
+    sigterm(&second);
+    assert!(wait_for_exit(second, Duration::from_secs(30))
+        .await
+        .success());
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM demo_ledger").await,
+        5_000
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(DISTINCT event_id) AS n FROM demo_ledger"
+        )
+        .await,
+        5_000
+    );
+}
+
+fn output(db: &TestDatabase, args: &[&str]) -> Output {
+    worker(db, args).output().unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_commands_show_the_backlog_list_replay_and_purge() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    insert_events(
+        &mut conn,
+        &[
+            event(1, "test.event"),
+            event(2, "demo.poison"),
+            event(3, "demo.poison"),
+        ],
+    )
+    .await
+    .unwrap();
+
+    let stats = stdout(&output(&db, &["stats"]));
+    assert!(stats.contains("ready:       3 (3 due now)"), "{stats}");
+
+    // Process them: the two poison events are dead-lettered.
+    let child = run_worker(&db);
+    wait_until(
+        "one done and two dead",
+        Duration::from_secs(30),
+        async || {
+            count(
+                &mut conn,
+                "SELECT count(*) AS n FROM webhook_inbox WHERE status IN (2, 3)",
+            )
+            .await
+                == 3
+        },
+    )
+    .await;
+    sigterm(&child);
+    assert!(wait_for_exit(child, Duration::from_secs(30))
+        .await
+        .success());
+
+    let stats = stdout(&output(&db, &["stats"]));
+    assert!(stats.contains("done:        1"), "{stats}");
+    assert!(stats.contains("dead:        2"), "{stats}");
+    assert!(stats.contains("permanent: poison event (demo)"), "{stats}");
+
+    let list = stdout(&output(&db, &["list", "--status", "dead"]));
+    assert_eq!(
+        list.lines().count(),
+        3,
+        "a header and two dead events:\n{list}"
+    );
+    assert!(
+        list.contains("evt_2") && list.contains("evt_3") && !list.contains("evt_1"),
+        "{list}"
+    );
+
+    let show = stdout(&output(&db, &["show", "demo", "evt_2"]));
+    assert!(show.contains("status:          dead"), "{show}");
+    assert!(
+        show.contains(r#"{"id":"evt_2","type":"demo.poison"}"#),
+        "{show}"
+    );
+    let missing = output(&db, &["show", "demo", "evt_404"]);
+    assert!(!missing.status.success());
+
+    let refused = output(&db, &["replay"]);
+    assert!(
+        !refused.status.success(),
+        "replay without a selection is refused"
+    );
+    let dry = stdout(&output(
+        &db,
+        &[
+            "replay",
+            "--all-matching",
+            "--provider",
+            "demo",
+            "--dry-run",
+        ],
+    ));
+    assert!(dry.contains("would replay 2 dead event(s)"), "{dry}");
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM webhook_inbox WHERE status = 3"
+        )
+        .await,
+        2
+    );
+    let replayed = stdout(&output(
+        &db,
+        &["replay", "--all-matching", "--provider", "demo"],
+    ));
+    assert!(replayed.contains("replayed 2 dead event(s)"), "{replayed}");
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM webhook_inbox WHERE status = 0 AND attempt = 0"
+        )
+        .await,
+        2
+    );
+
+    let refused = output(&db, &["purge", "--older-than", "1h"]);
+    assert!(
+        !refused.status.success(),
+        "a retention inside the dedup window is refused"
+    );
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("dedup window"));
+    // Age the done row past a retention of 4 days, then purge it.
+    diesel_async::RunQueryDsl::execute(
+        diesel::sql_query("UPDATE webhook_inbox SET processed_at = now() - interval '5 days', received_at = now() - interval '5 days' WHERE status = 2"),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    diesel_async::RunQueryDsl::execute(
+        diesel::sql_query("UPDATE processed_events SET processed_at = now() - interval '5 days'"),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    let purged = stdout(&output(&db, &["purge", "--older-than", "4days"]));
+    assert!(
+        purged.contains("purged 1 done event(s) and 1 processed-event record(s)"),
+        "{purged}"
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox").await,
+        2,
+        "the replayed events stay"
+    );
+}
+
+#[test]
+fn help_explains_every_subcommand() {
+    let help = Command::new(WORKER).arg("--help").output().unwrap();
+    let text = String::from_utf8_lossy(&help.stdout);
+    for subcommand in ["run", "migrate", "stats", "list", "show", "replay", "purge"] {
+        assert!(
+            text.contains(subcommand),
+            "{subcommand} missing from:\n{text}"
+        );
+    }
+    let run_help = Command::new(WORKER)
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&run_help.stdout);
+    for flag in [
+        "--lease",
+        "--concurrency",
+        "--shutdown-grace",
+        "--routes",
+        "--max-attempts",
+        "WORKER_LEASE",
+    ] {
+        assert!(text.contains(flag), "{flag} missing from:\n{text}");
+    }
+}
