@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 PG := scripts/local-postgres
 
-.PHONY: all build run test lint unit-test bench fmt clean
+.PHONY: all build run test lint unit-test deploy-check bench fmt clean
 
 all: build
 
@@ -17,11 +17,15 @@ run: build
 	$(PG) with run-$$$$ dev -- scripts/run-demo
 
 ## The whole suite: formatting, lints, then every test against a real PostgreSQL.
-test: lint unit-test
+test: lint deploy-check unit-test
 
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## deploy/: manifests, compose, Prometheus rules and tests, dashboard, and a live Prometheus.
+deploy-check:
+	CARGO=$(CARGO) deploy/check
 
 unit-test:
 	$(CARGO) build --workspace --bins
