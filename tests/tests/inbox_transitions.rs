@@ -1,0 +1,283 @@
+//! Every state transition of an inbox row against a real database: claims never overlap,
+//! each transition out of processing is fenced by the lease token, expired leases are
+//! rescued (or dead-lettered when out of attempts), and the CHECK constraints hold the
+//! invariants SQL can hold.
+#![allow(clippy::unwrap_used)] // a test stops at the first failed step
+
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+use inbox_core::inbox::{self, NewEvent, TransitionError};
+use inbox_core::schema::{demo_ledger, demo_payments, processed_events, webhook_inbox};
+use inbox_tests::count;
+use test_db::TestDatabase;
+
+fn events(n: usize) -> Vec<NewEvent> {
+    (0..n)
+        .map(|i| NewEvent {
+            provider: "demo".into(),
+            event_id: format!("evt_{i}"),
+            event_type: None,
+            headers: serde_json::json!({}),
+            body_sha256: [0; 32],
+            body: b"{}".to_vec(),
+        })
+        .collect()
+}
+
+const LEASE: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn concurrent_claims_never_take_the_same_row() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    inbox::insert_events(&mut conn, &events(200)).await.unwrap();
+    let mut a = db.connect().await;
+    let mut b = db.connect().await;
+    let (first, second) = tokio::join!(
+        inbox::claim_due(&mut a, "a", LEASE, 150),
+        inbox::claim_due(&mut b, "b", LEASE, 150)
+    );
+    let (first, second) = (first.unwrap(), second.unwrap());
+    assert_eq!(first.events.len() + second.events.len(), 200);
+    let mut ids: Vec<i64> = first
+        .events
+        .iter()
+        .chain(&second.events)
+        .map(|e| e.id)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 200, "no row in both claims");
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox WHERE status = 1 AND attempt = 1 AND locked_until > now()").await,
+        200
+    );
+}
+
+#[tokio::test]
+async fn a_stale_lease_token_cannot_complete_retry_or_dead_letter() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    inbox::insert_events(&mut conn, &events(1)).await.unwrap();
+    let claim = inbox::claim_due(&mut conn, "a", LEASE, 1).await.unwrap();
+    let id = claim.events[0].id;
+    let stale = uuid::Uuid::new_v4();
+    assert!(matches!(
+        inbox::complete(&mut conn, id, stale).await,
+        Err(TransitionError::LeaseLost)
+    ));
+    assert!(matches!(
+        inbox::schedule_retry(&mut conn, id, stale, Duration::ZERO, "x").await,
+        Err(TransitionError::LeaseLost)
+    ));
+    assert!(matches!(
+        inbox::dead_letter(&mut conn, id, stale, "x").await,
+        Err(TransitionError::LeaseLost)
+    ));
+    inbox::complete(&mut conn, id, claim.lease_token)
+        .await
+        .unwrap();
+    // Done is final: the right token no longer moves it either.
+    assert!(matches!(
+        inbox::complete(&mut conn, id, claim.lease_token).await,
+        Err(TransitionError::LeaseLost)
+    ));
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2 AND lease_token IS NULL AND processed_at IS NOT NULL").await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn expired_leases_are_requeued_or_dead_lettered_when_out_of_attempts() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    inbox::insert_events(&mut conn, &events(2)).await.unwrap();
+    // evt_1 has used its last attempt (3 of 3) when its lease expires.
+    diesel::sql_query("UPDATE webhook_inbox SET attempt = 2 WHERE event_id = 'evt_1'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let claim = inbox::claim_due(&mut conn, "crashed", Duration::from_millis(1), 10)
+        .await
+        .unwrap();
+    assert_eq!(claim.events.len(), 2);
+    // The crashed worker's leases lapse.
+    diesel::sql_query("UPDATE webhook_inbox SET locked_until = now() - interval '1 second'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let rescued = inbox::rescue_expired(&mut conn, 3, 100).await.unwrap();
+    assert_eq!((rescued.requeued, rescued.dead), (1, 1));
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox WHERE event_id = 'evt_0' AND status = 0 AND attempt = 1 AND last_error LIKE 'lease expired%'").await,
+        1
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox WHERE event_id = 'evt_1' AND status = 3 AND attempt = 3").await,
+        1
+    );
+    // The crashed worker's late completion is refused.
+    let late = claim.events.iter().find(|e| e.event_id == "evt_0").unwrap();
+    assert!(matches!(
+        inbox::complete(&mut conn, late.id, claim.lease_token).await,
+        Err(TransitionError::LeaseLost)
+    ));
+}
+
+#[tokio::test]
+async fn leases_in_force_are_not_rescued_and_heartbeats_extend_them() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    inbox::insert_events(&mut conn, &events(1)).await.unwrap();
+    let claim = inbox::claim_due(&mut conn, "a", Duration::from_millis(300), 1)
+        .await
+        .unwrap();
+    let ids = [claim.events[0].id];
+    assert_eq!(
+        inbox::extend_lease(&mut conn, &ids, claim.lease_token, LEASE)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox WHERE locked_until > now() + interval '29 seconds'").await,
+        1,
+        "the heartbeat moved the expiry from 300 ms to 30 s ahead"
+    );
+    assert_eq!(
+        inbox::rescue_expired(&mut conn, 3, 100).await.unwrap(),
+        inbox::Rescued::default()
+    );
+    assert_eq!(
+        inbox::extend_lease(&mut conn, &ids, uuid::Uuid::new_v4(), LEASE)
+            .await
+            .unwrap(),
+        0
+    );
+}
+
+#[tokio::test]
+async fn released_rows_return_to_ready_without_spending_the_attempt() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    inbox::insert_events(&mut conn, &events(3)).await.unwrap();
+    let claim = inbox::claim_due(&mut conn, "a", LEASE, 3).await.unwrap();
+    let ids: Vec<i64> = claim.events.iter().map(|e| e.id).collect();
+    assert_eq!(
+        inbox::release_unstarted(&mut conn, &ids, claim.lease_token)
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox WHERE status = 0 AND attempt = 0 AND lease_token IS NULL").await,
+        3
+    );
+}
+
+#[tokio::test]
+async fn retries_wait_for_their_backoff_before_they_can_be_claimed() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    inbox::insert_events(&mut conn, &events(1)).await.unwrap();
+    let claim = inbox::claim_due(&mut conn, "a", LEASE, 1).await.unwrap();
+    inbox::schedule_retry(
+        &mut conn,
+        claim.events[0].id,
+        claim.lease_token,
+        Duration::from_secs(3600),
+        "later",
+    )
+    .await
+    .unwrap();
+    assert!(inbox::claim_due(&mut conn, "a", LEASE, 1)
+        .await
+        .unwrap()
+        .events
+        .is_empty());
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox WHERE status = 0 AND next_attempt_at > now() + interval '59 minutes' AND last_error = 'later'").await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn check_constraints_refuse_impossible_states() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    inbox::insert_events(&mut conn, &events(1)).await.unwrap();
+    for impossible in [
+        "UPDATE webhook_inbox SET status = 1", // processing without a lease
+        "UPDATE webhook_inbox SET status = 7", // unknown state
+        "UPDATE webhook_inbox SET status = 2", // done without processed_at
+        "UPDATE webhook_inbox SET lease_token = gen_random_uuid(), locked_until = now()", // lease while ready
+        "UPDATE webhook_inbox SET event_id = ''", // empty dedup key
+        "UPDATE webhook_inbox SET body_sha256 = '\\x00'", // not a SHA-256
+    ] {
+        let result = diesel::sql_query(impossible).execute(&mut conn).await;
+        assert!(result.is_err(), "accepted: {impossible}");
+    }
+}
+
+#[tokio::test]
+async fn the_diesel_schema_matches_the_migrated_tables() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    inbox::insert_events(&mut conn, &events(1)).await.unwrap();
+    // Loading every declared column with its declared type fails on any mismatch.
+    webhook_inbox::table
+        .load::<(
+            i64,
+            String,
+            String,
+            Option<String>,
+            chrono::DateTime<chrono::Utc>,
+            serde_json::Value,
+            Vec<u8>,
+            Vec<u8>,
+            inbox_core::InboxStatus,
+            i32,
+            chrono::DateTime<chrono::Utc>,
+            Option<uuid::Uuid>,
+            Option<String>,
+            Option<chrono::DateTime<chrono::Utc>>,
+            Option<String>,
+            Option<chrono::DateTime<chrono::Utc>>,
+        )>(&mut conn)
+        .await
+        .unwrap();
+    processed_events::table
+        .load::<(String, String, chrono::DateTime<chrono::Utc>)>(&mut conn)
+        .await
+        .unwrap();
+    demo_ledger::table
+        .load::<(
+            i64,
+            String,
+            String,
+            Option<String>,
+            chrono::DateTime<chrono::Utc>,
+        )>(&mut conn)
+        .await
+        .unwrap();
+    demo_payments::table
+        .load::<(
+            String,
+            Option<i64>,
+            Option<chrono::DateTime<chrono::Utc>>,
+            i64,
+            i32,
+            chrono::DateTime<chrono::Utc>,
+            String,
+        )>(&mut conn)
+        .await
+        .unwrap();
+    // And no migrated column is missing from the diesel schema.
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM information_schema.columns WHERE table_schema = 'public' AND table_name IN ('webhook_inbox', 'processed_events', 'demo_ledger', 'demo_payments')").await,
+        16 + 3 + 5 + 7
+    );
+}
