@@ -46,7 +46,7 @@ async fn concurrent_deliveries_share_insert_statements() {
     let answers: Vec<(u16, serde_json::Value)> = stream::iter(0..300)
         .map(|n| {
             let receiver = &receiver;
-            async move { post(&receiver, event(&format!("evt-{n}"), "")).await }
+            async move { post(receiver, event(&format!("evt-{n}"), "")).await }
         })
         .buffer_unordered(48)
         .collect()

@@ -34,6 +34,9 @@ const CREDENTIAL_HEADERS: &[&str] = &[
     "x-csrf-token",
 ];
 
+/// Body bytes reserved before any arrive; the buffer grows as the body does.
+const INITIAL_BODY_CAPACITY: usize = 64 * 1024;
+
 /// Request limits.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -215,7 +218,13 @@ async fn read_body(
     if declared.is_some_and(|length| length > limit as u64) {
         return Err(ApiError::BodyTooLarge { limit });
     }
-    let capacity = declared.map_or(8 * 1024, |length| length as usize);
+    // A declared length is a promise, not bytes: reserving all of it up front would let idle
+    // connections that each declare the limit hold the limit in memory each.
+    let capacity = declared.map_or(INITIAL_BODY_CAPACITY, |length| {
+        usize::try_from(length).map_or(INITIAL_BODY_CAPACITY, |length| {
+            length.min(INITIAL_BODY_CAPACITY)
+        })
+    });
     let mut body = BytesMut::with_capacity(capacity);
     let deadline = tokio::time::Instant::now() + limits.body_timeout;
     loop {

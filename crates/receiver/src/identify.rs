@@ -121,16 +121,32 @@ fn identify_slack(body: &[u8], form_id_field: &str) -> Result<Identified, Identi
     }
     let mut id = None;
     let mut command = None;
+    let mut payload = None;
     for (key, value) in form_urlencoded::parse(text.as_bytes()) {
         if key == form_id_field {
             id = Some(value.into_owned());
         } else if key == "command" {
             command = Some(value.into_owned());
+        } else if key == "payload" {
+            payload = Some(value.into_owned());
         }
     }
-    let id =
-        id.ok_or_else(|| IdentifyError::MissingEventId(format!("form field {form_id_field}")))?;
-    event(id, command)
+    if let Some(id) = id {
+        return event(id, command);
+    }
+    // Interactivity (buttons, shortcuts, modals) sends one form field, `payload`, holding JSON
+    // that carries the id field and the interaction's type.
+    let payload = payload.and_then(|payload| serde_json::from_str::<Value>(&payload).ok());
+    let from_payload = payload.as_ref().and_then(|payload| {
+        let id = payload.get(form_id_field).and_then(scalar_text)?;
+        Some((id, payload.get("type").and_then(scalar_text)))
+    });
+    match from_payload {
+        Some((id, interaction)) => event(id, interaction),
+        None => Err(IdentifyError::MissingEventId(format!(
+            "form field {form_id_field}"
+        ))),
+    }
 }
 
 fn describe(source: &FieldSource) -> String {
@@ -353,6 +369,21 @@ mod tests {
                 b"command=%2Fdeploy&trigger_id=398.47.803a&text="
             ),
             ev("398.47.803a", Some("/deploy"))
+        );
+        assert_eq!(
+            identify(
+                &slack,
+                &headers,
+                b"payload=%7B%22type%22%3A%22block_actions%22%2C%22trigger_id%22%3A%2213.42.7%22%7D"
+            ),
+            ev("13.42.7", Some("block_actions")),
+            "interactivity keeps its fields in a JSON payload"
+        );
+        assert_eq!(
+            identify(&slack, &headers, b"payload=%7Bnot%20json"),
+            Err(IdentifyError::MissingEventId(
+                "form field trigger_id".into()
+            ))
         );
         assert_eq!(
             identify(&slack, &headers, b"command=%2Fdeploy"),

@@ -53,7 +53,7 @@ the dedup key. Names: 1-64 characters of a-z, 0-9, '-' and '_'.
 
 Event ids: stripe body `id`; github X-GitHub-Delivery; standard-webhooks webhook-id (or
 svix-id); shopify X-Shopify-Event-Id (or X-Shopify-Webhook-Id); slack body `event_id`, or the
-form field above. A provider without secrets is refused at start-up unless `unsigned = true`.
+form field above (for interactivity, inside its `payload` JSON). A provider without secrets is refused at start-up unless `unsigned = true`.
 Example: config/providers.example.toml."#;
 
 /// Longest event id the inbox stores (the column's CHECK constraint).
@@ -182,7 +182,8 @@ pub enum Identity {
         event_type: Option<FieldSource>,
     },
     /// Slack: JSON Events API bodies (`event_id`, `event.type`) with the `url_verification`
-    /// handshake, or form-encoded bodies keyed by a field.
+    /// handshake, or form-encoded bodies keyed by a field (slash commands), or by that field
+    /// of the JSON in their `payload` field (interactivity).
     Slack {
         /// The form field that identifies a form-encoded request.
         form_id_field: String,
