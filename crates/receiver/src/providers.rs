@@ -575,6 +575,47 @@ mod tests {
     }
 
     #[test]
+    fn the_example_file_parses_as_shipped_and_with_every_provider_uncommented() {
+        let example =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/providers.example.toml");
+        let text = std::fs::read_to_string(&example).expect("example file");
+        let env = |var: &str| match var {
+            "SVIX_WEBHOOK_SECRET" => Some("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned()),
+            _ => Some(format!("value of {var}")),
+        };
+        let shipped = Providers::parse(&text, &example, &env).expect("shipped example");
+        assert_eq!(shipped.iter().count(), 1);
+
+        // The commented providers are documentation: they must stay valid too.
+        let is_setting = |line: &str| {
+            line.split_once(" = ").is_some_and(|(key, _)| {
+                !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            })
+        };
+        let uncommented: String = text
+            .lines()
+            .map(|line| match line.strip_prefix("# ") {
+                Some(rest) if rest.starts_with("[providers.") || is_setting(rest) => rest,
+                _ => line,
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let folder = std::env::temp_dir().join(format!("providers-example-{}", std::process::id()));
+        std::fs::create_dir_all(folder.join("secrets")).expect("temp folder");
+        std::fs::write(folder.join("secrets/stripe-previous"), "whsec_old\n").expect("secret");
+        let parsed = Providers::parse(&uncommented, &folder.join("providers.toml"), &env);
+        std::fs::remove_dir_all(&folder).expect("cleanup");
+        let all = parsed.expect("every example provider");
+        let names: Vec<&str> = all.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["acme", "demo", "github", "shopify", "slack", "stripe", "svix"]
+        );
+        let stripe = all.get("stripe").expect("stripe");
+        assert_eq!(stripe.key_names, ["current", "previous"]);
+    }
+
+    #[test]
     fn provider_names_are_restricted_to_url_safe_lowercase() {
         let err = parse("[providers.\"Bad Name\"]\nscheme = \"github\"\nunsigned = true\n")
             .expect_err("bad name");
