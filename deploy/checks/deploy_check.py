@@ -7,9 +7,8 @@
   compose FILE SCHEMA  the compose file against the Compose specification's JSON schema, and
                        its references (services, mounted files).
   grafana DIR          the dashboards (JSON) and the provisioning files.
-  provider-config DIR OUT
-                       writes the k8s ConfigMap's providers.toml and the provider Secret's
-                       placeholder values (KEY=VALUE lines) to OUT, for `receiver check-config`.
+  config OUT           writes the files and environments the binaries get when deployed to OUT
+                       (see write_config), for the checks that run the real binaries.
   names METRICS...     every metric name used by the dashboards, the alert rules and the KEDA
                        query is exported: METRICS are /metrics pages of running binaries.
   promql URL           every one of those queries is accepted by the Prometheus server at URL.
@@ -292,20 +291,44 @@ def check_grafana(directory: Path) -> None:
         print(f"  ok   {provisioning.relative_to(directory)}", file=sys.stderr)
 
 
-def write_provider_config(directory: Path, out: Path) -> None:
-    docs = [d for p in sorted(directory.glob("*.yaml")) for d in load_documents(p)]
-    configmap = next(d for d in docs if d["kind"] == "ConfigMap" and "providers.toml" in d.get("data", {}))
+def write_config(out: Path) -> None:
+    """The files the binaries read, as deployed, for the checks that run the real binaries:
+    the k8s ConfigMaps' providers.toml and routes.toml, the provider Secret's placeholders
+    (providers.env), and the literal environment of every receiver and worker container or
+    service (k8s-receiver.env, compose-worker.env, ...), one KEY=VALUE a line."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "providers.toml").write_text(configmap["data"]["providers.toml"])
-    lines = []
+    docs = [d for p in sorted((DEPLOY / "k8s").glob("*.yaml")) for d in load_documents(p)]
+    for configmap in (d for d in docs if d["kind"] == "ConfigMap"):
+        for name, text in configmap.get("data", {}).items():
+            (out / name).write_text(text)
+    secrets = {}
     for secret in (d for d in docs if d["kind"] == "Secret"):
-        for key, value in secret.get("stringData", {}).items():
-            if key == "DATABASE_URL":
-                continue
+        secrets.update(secret.get("stringData", {}))
+    secrets.pop("DATABASE_URL", None)
+    environments: dict[str, dict[str, str]] = {}
+
+    def add(name: str, env: dict[str, str]) -> None:
+        environments.setdefault(name, {}).update(env)
+
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "Job"):
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            binary = "-".join(container.get("command", [])[:2])
+            add(f"k8s-{binary}", {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e})
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    for service in compose["services"].values():
+        binary = "-".join(service.get("command", [])[:2])
+        if binary.split("-")[0] in ("receiver", "worker"):
+            env = service.get("environment", {})
+            add(f"compose-{binary}", {k: str(v) for k, v in env.items()})
+    environments["providers"] = secrets
+    for name, env in environments.items():
+        for key, value in env.items():
             if not re.fullmatch(r"[A-Za-z0-9_.:/@=+-]+", value):
-                fail(f"Secret/{secret['metadata']['name']}: placeholder for {key} has unusual characters")
-            lines.append(f"{key}={value}\n")
-    (out / "providers.env").write_text("".join(lines))
+                fail(f"{name}: the value of {key} has characters the checks cannot pass on")
+        (out / f"{name}.env").write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
+    print(f"  ok   wrote {', '.join(sorted(p.name for p in out.iterdir()))}", file=sys.stderr)
 
 
 # PromQL words that are not metric names.
@@ -400,8 +423,8 @@ def main(argv: list[str]) -> int:
         check_compose(Path(args[0]), Path(args[1]))
     elif command == "grafana":
         check_grafana(Path(args[0]))
-    elif command == "provider-config":
-        write_provider_config(Path(args[0]), Path(args[1]))
+    elif command == "config":
+        write_config(Path(args[0]))
     elif command == "names":
         check_names([Path(a) for a in args])
     elif command == "promql":
