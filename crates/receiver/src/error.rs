@@ -41,6 +41,7 @@ pub enum ApiError {
     #[error("temporarily unable to store the event")]
     Unavailable {
         /// Why.
+        #[source]
         cause: Arc<StoreError>,
         /// Seconds for the Retry-After header.
         retry_after_secs: u64,
@@ -48,6 +49,23 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// The error and its causes, `": "`-separated, for the one log line at the boundary. The
+    /// HTTP answer shows only the first part: causes may name database internals.
+    pub fn chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(error) = cause {
+            let message = error.to_string();
+            // Some messages already end with their cause's (`signature rejected: {0}`).
+            if !text.ends_with(&message) {
+                text.push_str(": ");
+                text.push_str(&message);
+            }
+            cause = error.source();
+        }
+        text
+    }
+
     /// Stable machine-readable code of the answer.
     pub fn code(&self) -> &'static str {
         match self {
@@ -114,5 +132,28 @@ impl ResponseError for ApiError {
             "code": self.code(),
             "detail": self.to_string(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_chain_names_each_cause_once_and_the_answer_only_the_first() {
+        let unavailable = ApiError::Unavailable {
+            cause: Arc::new(StoreError::NoConnection),
+            retry_after_secs: 5,
+        };
+        assert_eq!(
+            unavailable.chain(),
+            "temporarily unable to store the event: no database connection available"
+        );
+        assert_eq!(
+            unavailable.to_string(),
+            "temporarily unable to store the event"
+        );
+        let forged = ApiError::Signature(VerifyError::NoMatch);
+        assert_eq!(forged.chain(), "signature rejected: no signature matched");
     }
 }

@@ -106,7 +106,7 @@ async fn receive(
     let outcome = match &result {
         Ok((_, outcome)) => outcome,
         Err(err) => {
-            tracing::warn!(provider = label, code = err.code(), error = %err, "webhook rejected");
+            tracing::warn!(provider = label, code = err.code(), error = %err.chain(), "webhook rejected");
             err.outcome()
         }
     };

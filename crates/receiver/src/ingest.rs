@@ -158,10 +158,13 @@ impl Ingestor {
                 metrics.ingest_queue.inc();
                 queue.try_send(Pending { event, reply }).map_err(|err| {
                     metrics.ingest_queue.dec();
-                    match err {
-                        mpsc::error::TrySendError::Full(_) => Arc::new(StoreError::Overloaded),
-                        mpsc::error::TrySendError::Closed(_) => Arc::new(StoreError::ShuttingDown),
-                    }
+                    let error = match err {
+                        mpsc::error::TrySendError::Full(_) => StoreError::Overloaded,
+                        mpsc::error::TrySendError::Closed(_) => StoreError::ShuttingDown,
+                    };
+                    // Never reached a writer, so no batch counts it.
+                    metrics.db_errors.with_label_values(&[error.kind()]).inc();
+                    Arc::new(error)
                 })?;
                 match tokio::time::timeout(self.deadline, answer).await {
                     Ok(Ok(result)) => result,
