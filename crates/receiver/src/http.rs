@@ -2,7 +2,8 @@
 //! separate `/metrics` app.
 //!
 //! A webhook is checked completely — size, arrival time, signature, identity — before any
-//! database connection is taken, so hostile or slow clients cannot tie up the pool.
+//! database connection is taken, so hostile or slow clients cannot tie up the pool. Every
+//! answer carries `X-Request-Id`, the id every log line of its request carries too.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
