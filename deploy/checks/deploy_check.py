@@ -112,8 +112,10 @@ def check_k8s(directory: Path) -> None:
                 errors = list(jsonschema.Draft202012Validator(crds[key]).iter_errors(doc))
                 for error in errors:
                     fail(f"{name}: {'/'.join(map(str, error.absolute_path))}: {error.message}")
-                print(f"  ok   {name} (CRD schema)" if not errors else "", file=sys.stderr)
+                if not errors:
+                    print(f"  ok   {name} (CRD schema)", file=sys.stderr)
                 continue
+            before = len(failures)
             for version in K8S_VERSIONS:
                 version = version or kv.latest_version()
                 try:
@@ -123,7 +125,9 @@ def check_k8s(directory: Path) -> None:
                     fail(f"{name}: Kubernetes {version}: {path_text}: {error.message}")
                 except kv.SchemaNotFoundError as error:
                     fail(f"{name}: {error.message}")
-            print(f"  ok   {name} (Kubernetes {', '.join(v or kv.latest_version() for v in K8S_VERSIONS)})", file=sys.stderr)
+            if len(failures) == before:
+                versions = ", ".join(v or kv.latest_version() for v in K8S_VERSIONS)
+                print(f"  ok   {name} (Kubernetes {versions})", file=sys.stderr)
     check_k8s_references([doc for _, doc in objects])
 
 
@@ -221,7 +225,8 @@ def check_k8s_references(docs: list[dict]) -> None:
         for trigger in scaler["spec"]["triggers"]:
             if trigger["type"] == "prometheus" and "inbox_backlog_due" not in trigger["metadata"]["query"]:
                 fail(f"ScaledObject/{scaler['metadata']['name']}: the prometheus trigger should query inbox_backlog_due")
-    print("  ok   references between the manifests" if not failures else "", file=sys.stderr)
+    if not failures:
+        print("  ok   references between the manifests", file=sys.stderr)
 
 
 def check_compose(path: Path, schema_path: Path) -> None:
@@ -409,7 +414,8 @@ def check_promql(url: str) -> None:
         if answer.get("status") != "success":
             fail(f"{source}: Prometheus rejects the query: {answer.get('error')}: {query}")
         checked += 1
-    print(f"  ok   Prometheus accepted {checked} queries (dashboards, rules, KEDA)" if not failures else "", file=sys.stderr)
+    if not failures:
+        print(f"  ok   Prometheus accepted {checked} queries (dashboards, rules, KEDA)", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:
