@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use inbox_core::inbox::{self, NewEvent, TransitionError};
 use inbox_core::schema::{demo_ledger, demo_payments, processed_events, webhook_inbox};

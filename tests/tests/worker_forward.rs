@@ -2,7 +2,7 @@
 //! idempotency key, retries on 5xx, dead letters on 4xx.
 #![allow(clippy::unwrap_used)] // a test stops at the first failed step
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};

@@ -64,6 +64,22 @@ async fn database_exists(conn: &mut AsyncPgConnection, name: &str) -> bool {
     rows.iter().any(|row| row.count > 0)
 }
 
+/// Runs the migrations on a runtime of their own: the migration harness needs a
+/// multi-threaded one, and the calling test may run on a single thread.
+fn migrate(url: String) {
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(inbox_core::db::run_migrations(&url))
+            .unwrap();
+    })
+    .join()
+    .unwrap();
+}
+
 async fn ensure_template(admin_url: &str) -> String {
     let template = format!("inbox_template_{}", env!("MIGRATIONS_FINGERPRINT"));
     let mut admin = AsyncPgConnection::establish(admin_url).await.unwrap();
@@ -84,9 +100,7 @@ async fn ensure_template(admin_url: &str) -> String {
         ] {
             admin.batch_execute(&statement).await.unwrap();
         }
-        inbox_core::db::run_migrations(&with_database(admin_url, &building))
-            .await
-            .unwrap();
+        migrate(with_database(admin_url, &building));
         for statement in [
             format!("ALTER DATABASE {building} RENAME TO {template}"),
             format!("ALTER DATABASE {template} WITH IS_TEMPLATE true"),
