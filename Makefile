@@ -27,6 +27,11 @@ lint:
 deploy-check:
 	CARGO=$(CARGO) deploy/check
 
+## Throughput and latency beside pgbench ceilings, on a tuned throwaway PostgreSQL:
+## writes bench/report.md and bench/chart.svg (about 10 minutes).
+bench:
+	bench/run
+
 unit-test:
 	$(CARGO) build --workspace --bins
 	$(PG) with test-$$$$ test -- scripts/run-tests

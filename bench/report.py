@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Turns bench/out/results.jsonl into bench/report.md and an SVG chart (standard library only)."""
+import json
+import sys
+
+results_path, report_path, chart_path = sys.argv[1:4]
+rows = [json.loads(line) for line in open(results_path) if line.strip()]
+
+
+def of(phase):
+    return [r for r in rows if r["phase"] == phase]
+
+
+machine = (of("machine") or [{}])[0]
+ceiling_one = of("ceiling_insert_one")
+best_one = max((r["per_second"] for r in ceiling_one), default=0.0)
+ceiling_64 = (of("ceiling_insert_64") or [{"per_second": 0}])[0]["per_second"]
+ceiling_claim = (of("ceiling_claim_complete_100") or [{"per_second": 0}])[0]["per_second"]
+ingest = of("ingest")
+by_mode = {}
+for r in ingest:
+    by_mode.setdefault(r["mode"], []).append(r)
+best = {mode: max(runs, key=lambda r: r["result"]["per_second"]) for mode, runs in by_mode.items()}
+half = (of("ingest_half_ceiling") or [{"result": {}}])[0]["result"]
+drain = {r["handler"]: r for r in of("drain")}
+e2e = (of("end_to_end") or [{"result": {}}])[0]["result"]
+memory = of("memory")
+
+
+def verdict(ok, text):
+    return ("met" if ok else "**missed**") + f": {text}"
+
+
+lines = []
+w = lines.append
+w("# webhook-inbox benchmark report")
+w("")
+w(f"Machine: {machine.get('cpus')} CPUs ({machine.get('cpu_model')}), {machine.get('memory_gib')} GiB; "
+  f"PostgreSQL {machine.get('postgres')} on the same machine (durable commits: fsync and "
+  f"synchronous_commit on); run {machine.get('date')}. Everything (load generator, receiver, worker, "
+  "database) shares the same cores, so only ratios from this one run are meaningful.")
+w("")
+w("Reproduce: `make bench` (about 10 minutes; `BENCH_SECONDS`, `BENCH_CONCURRENCIES`, "
+  "`BENCH_DRAIN_EVENTS` shorten or lengthen it).")
+w("")
+w("## Targets")
+w("")
+gc = best.get("group-commit", {"result": {"per_second": 0}, "concurrency": 0})
+pr = best.get("per-request", {"result": {"per_second": 0}, "concurrency": 0})
+gc_rate, pr_rate = gc["result"]["per_second"], pr["result"]["per_second"]
+noop = drain.get("no-op", {"result": {"per_second": 0}})["result"]["per_second"]
+demo = drain.get("demo", {"result": {"per_second": 0}})["result"]["per_second"]
+peak = {r["binary"]: r["peak_rss_kib"] / 1024 for r in memory}
+w("| target | measured | verdict |")
+w("|---|---|---|")
+w(f"| ingest (group commit) >= 1.0x pgbench one-row ceiling | {gc_rate:,.0f}/s vs {best_one:,.0f}/s = {gc_rate / best_one if best_one else 0:.2f}x | "
+  + verdict(gc_rate >= best_one, f"{gc_rate / best_one if best_one else 0:.2f}x") + " |")
+w(f"| ingest p99 < 20 ms at half that ceiling ({half.get('rate', 0):,}/s) | p99 {half.get('answer_p99_ms', 0):.2f} ms | "
+  + verdict(half.get("answer_p99_ms", 1e9) < 20, f"{half.get('answer_p99_ms', 0):.2f} ms") + " |")
+w(f"| group commit >= 2x per-request | {gc_rate:,.0f}/s vs {pr_rate:,.0f}/s = {gc_rate / pr_rate if pr_rate else 0:.2f}x | "
+  + verdict(pr_rate and gc_rate >= 2 * pr_rate, f"{gc_rate / pr_rate if pr_rate else 0:.2f}x") + " |")
+w(f"| drain, no-op handler >= 0.8x claim+complete ceiling | {noop:,.0f}/s vs {ceiling_claim:,.0f}/s = {noop / ceiling_claim if ceiling_claim else 0:.2f}x | "
+  + verdict(ceiling_claim and noop >= 0.8 * ceiling_claim, f"{noop / ceiling_claim if ceiling_claim else 0:.2f}x") + " |")
+w(f"| drain, demo in-transaction handler >= 8,000/s | {demo:,.0f}/s | " + verdict(demo >= 8000, f"{demo:,.0f}/s") + " |")
+w(f"| end to end at 1,000/s: p50 < 5 ms, p99 < 50 ms | p50 {e2e.get('p50_ms', 0):.2f} ms, p99 {e2e.get('p99_ms', 0):.2f} ms | "
+  + verdict(e2e.get("p50_ms", 1e9) < 5 and e2e.get("p99_ms", 1e9) < 50, "") + " |")
+w(f"| each binary < 64 MiB RSS | " + ", ".join(f"{k}: {v:.1f} MiB" for k, v in peak.items()) + " | "
+  + verdict(all(v < 64 for v in peak.values()), f"max {max(peak.values(), default=0):.1f} MiB") + " |")
+w("")
+w("## Ceilings: what the database itself does (pgbench, same schema, 1 KiB bodies)")
+w("")
+w("| script | clients | rows per second |")
+w("|---|---|---|")
+for r in ceiling_one:
+    w(f"| one `INSERT ... ON CONFLICT DO NOTHING` per transaction | {r['clients']} | {r['per_second']:,.0f} |")
+w(f"| 64-row `INSERT ... ON CONFLICT DO NOTHING` per transaction | 8 | {ceiling_64:,.0f} |")
+w(f"| claim 100 (`FOR UPDATE SKIP LOCKED`) + fenced completion, two commits | 4 | {ceiling_claim:,.0f} |")
+w("")
+w("## Ingest: the real receiver (HMAC verification, JSON parsing, 1 KiB bodies), closed loop")
+w("")
+w("| mode | connections | accepted/s | p50 ms | p99 ms | p99.9 ms | receiver CPU s per 1,000 |")
+w("|---|---|---|---|---|---|---|")
+for r in ingest:
+    res = r["result"]
+    cpu_per_k = r["receiver_cpu_seconds"] / (res["accepted"] / 1000) if res["accepted"] else 0
+    w(f"| {r['mode']} | {r['concurrency'] if 'concurrency' in r else res['concurrency']} | {res['per_second']:,.0f} | "
+      f"{res['p50_ms']:.2f} | {res['p99_ms']:.2f} | {res['p999_ms']:.2f} | {cpu_per_k:.3f} |")
+w("")
+w(f"Open loop at half the one-row ceiling ({half.get('rate', 0):,}/s, group commit): "
+  f"p50 {half.get('answer_p50_ms', 0):.2f} ms, p99 {half.get('answer_p99_ms', 0):.2f} ms, "
+  f"p99.9 {half.get('answer_p999_ms', 0):.2f} ms; {half.get('acked', 0):,} acked, {half.get('failed', 0)} failed.")
+w("")
+w("## Drain: the real worker emptying a backlog")
+w("")
+w("| handler | events | seconds | events/s | worker CPU s |")
+w("|---|---|---|---|---|")
+for label, r in drain.items():
+    res = r["result"]
+    w(f"| {label} | {res['events']:,} | {res['seconds']:.2f} | {res['per_second']:,.0f} | {r['worker_cpu_seconds']:.1f} |")
+w("")
+w("## End to end at 1,000 webhooks/s")
+w("")
+w(f"From the receiver's 2xx (as the client saw it) to the handler's commit (`processed_at`): "
+  f"p50 {e2e.get('p50_ms', 0):.2f} ms, p99 {e2e.get('p99_ms', 0):.2f} ms, max {e2e.get('max_ms', 0):.2f} ms "
+  f"over {e2e.get('processed', 0):,} events ({e2e.get('committed_before_ack_seen', 0):,} committed before the client "
+  "had read its answer, counted as 0). Answers: p50 "
+  f"{e2e.get('answer_p50_ms', 0):.2f} ms, p99 {e2e.get('answer_p99_ms', 0):.2f} ms.")
+w("")
+w("## Memory")
+w("")
+w("| binary | peak RSS MiB |")
+w("|---|---|")
+for k, v in peak.items():
+    w(f"| {k} | {v:.1f} |")
+w("")
+w("![throughput and latency against concurrency](chart.svg)")
+w("")
+open(report_path, "w").write("\n".join(lines))
+
+# A small two-panel SVG: accepted/s and p99 against connections, per mode, with the ceiling.
+width, height, pad = 860, 340, 50
+panel = (width - 3 * pad) / 2
+colors = {"group-commit": "#1f77b4", "per-request": "#d62728"}
+svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
+       '<rect width="100%" height="100%" fill="white"/>']
+
+
+def draw(x0, title, key, ymax, unit, ceiling=None):
+    y0, h = pad, height - 2 * pad
+    svg.append(f'<text x="{x0}" y="{y0 - 15}" font-weight="bold">{title}</text>')
+    svg.append(f'<line x1="{x0}" y1="{y0 + h}" x2="{x0 + panel}" y2="{y0 + h}" stroke="black"/>')
+    svg.append(f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y0 + h}" stroke="black"/>')
+    conc = sorted({r["result"]["concurrency"] for r in ingest}) or [1]
+    xs = {c: x0 + panel * (i + 0.5) / len(conc) for i, c in enumerate(conc)}
+    for c, x in xs.items():
+        svg.append(f'<text x="{x:.0f}" y="{y0 + h + 15}" text-anchor="middle">{c}</text>')
+    svg.append(f'<text x="{x0 + panel / 2:.0f}" y="{y0 + h + 32}" text-anchor="middle">connections</text>')
+    for frac in (0, 0.5, 1):
+        y = y0 + h - frac * h
+        svg.append(f'<text x="{x0 - 5}" y="{y + 4:.0f}" text-anchor="end">{ymax * frac:,.0f}</text>')
+    if ceiling:
+        y = y0 + h - min(ceiling / ymax, 1) * h
+        svg.append(f'<line x1="{x0}" y1="{y:.0f}" x2="{x0 + panel}" y2="{y:.0f}" stroke="gray" stroke-dasharray="4"/>')
+        svg.append(f'<text x="{x0 + panel - 2}" y="{y - 4:.0f}" text-anchor="end" fill="gray">pgbench one-row ceiling</text>')
+    for i, (mode, runs) in enumerate(sorted(by_mode.items())):
+        pts = [(xs[r["result"]["concurrency"]], y0 + h - min(r["result"][key] / ymax, 1) * h) for r in runs]
+        svg.append('<polyline fill="none" stroke="{}" stroke-width="2" points="{}"/>'.format(
+            colors.get(mode, "black"), " ".join(f"{x:.0f},{y:.0f}" for x, y in pts)))
+        svg.append(f'<text x="{x0 + 10}" y="{y0 + 15 + 15 * i}" fill="{colors.get(mode, "black")}">{mode} ({unit})</text>')
+
+
+rate_max = max([r["result"]["per_second"] for r in ingest] + [best_one, 1]) * 1.1
+p99_max = max([r["result"]["p99_ms"] for r in ingest] + [1]) * 1.1
+draw(pad, "Accepted webhooks per second", "per_second", rate_max, "/s", best_one)
+draw(2 * pad + panel, "p99 latency (ms)", "p99_ms", p99_max, "ms")
+svg.append("</svg>")
+open(chart_path, "w").write("\n".join(svg))
