@@ -3,6 +3,8 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used)] // test support: failures should stop the test loudly
 
+pub mod chaos;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -145,6 +147,7 @@ pub fn worker_settings(name: &str) -> WorkerSettings {
         lease: Duration::from_secs(10),
         concurrency: 8,
         batch_size: 50,
+        transaction_size: 10,
         poll_interval: Duration::from_millis(50),
         rescue_interval: Duration::from_millis(200),
         handler_timeout: Duration::from_secs(5),

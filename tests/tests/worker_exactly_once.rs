@@ -467,3 +467,94 @@ async fn payment_events_reach_the_same_state_in_either_order_and_each_refund_cou
         "a second refund of one payment is its own event, not a duplicate"
     );
 }
+
+/// A batchable handler that writes its line, then fails permanently for every tenth event
+/// and panics for every fifteenth.
+struct SometimesFailsInBatches;
+
+#[async_trait]
+impl Handler for SometimesFailsInBatches {
+    async fn handle(
+        &self,
+        event: &Event,
+        tx: &mut AsyncPgConnection,
+    ) -> Result<Handled, HandlerError> {
+        diesel::insert_into(demo_ledger::table)
+            .values((
+                demo_ledger::provider.eq(&event.provider),
+                demo_ledger::event_id.eq(&event.event_id),
+            ))
+            .execute(tx)
+            .await?;
+        let n: usize = event.event_id.trim_start_matches("evt_").parse().unwrap();
+        if n % 10 == 0 {
+            return Err(HandlerError::Permanent("every tenth is rejected".into()));
+        }
+        assert!(n % 15 != 0, "every fifteenth panics");
+        Ok(Handled::Applied)
+    }
+
+    fn batchable(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_shared_transaction_a_failing_event_undoes_only_its_own_writes() {
+    let db = TestDatabase::new().await;
+    seed(&db, 300).await;
+    let mut settings = worker_settings("w1");
+    settings.transaction_size = 50;
+    settings.concurrency = 100;
+    settings.batch_size = 100;
+    settings.backoff.max_attempts = 2;
+    let router = Router::new().route(None, None, Arc::new(SometimesFailsInBatches));
+    let worker = RunningWorker::start(&db, router, settings);
+    let mut conn = db.connect().await;
+    wait_until(
+        "every event is done or dead",
+        Duration::from_secs(30),
+        async || {
+            count(
+                &mut conn,
+                "SELECT count(*) AS n FROM webhook_inbox WHERE status IN (2, 3)",
+            )
+            .await
+                == 300
+        },
+    )
+    .await;
+    worker.stop().await;
+
+    // evt_0..evt_299: multiples of 10 are rejected, other multiples of 15 panic (twice: dead).
+    let failing = (0..300).filter(|n| n % 10 == 0 || n % 15 == 0).count() as i64;
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM webhook_inbox WHERE status = 3"
+        )
+        .await,
+        failing
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2"
+        )
+        .await,
+        300 - failing
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM demo_ledger").await,
+        300 - failing,
+        "failed events left no line; the others in their transactions kept theirs"
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM demo_ledger l JOIN webhook_inbox i USING (provider, event_id) WHERE i.status <> 2").await,
+        0
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox WHERE status = 3 AND last_error LIKE '%panicked%'").await,
+        (0..300).filter(|n| n % 15 == 0 && n % 10 != 0).count() as i64
+    );
+}

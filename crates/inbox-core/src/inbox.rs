@@ -297,6 +297,33 @@ pub async fn complete(
     expect_one(updated)
 }
 
+/// `processing -> done` for several rows claimed under one token, in one statement: the
+/// batched form of [`complete`]. Unless every row is still held, nothing is completed and
+/// the caller's transaction must roll back ([`TransitionError::LeaseLost`]).
+pub async fn complete_all(
+    conn: &mut AsyncPgConnection,
+    ids: &[i64],
+    lease_token: Uuid,
+) -> Result<(), TransitionError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let updated = diesel::sql_query(
+        "UPDATE webhook_inbox \
+         SET status = 2, processed_at = now(), lease_token = NULL, locked_until = NULL, last_error = NULL \
+         WHERE id = ANY($1) AND lease_token = $2 AND status = 1",
+    )
+    .bind::<Array<BigInt>, _>(ids)
+    .bind::<diesel::sql_types::Uuid, _>(lease_token)
+    .execute(conn)
+    .await?;
+    if updated == ids.len() {
+        Ok(())
+    } else {
+        Err(TransitionError::LeaseLost)
+    }
+}
+
 /// `processing -> ready` after a retryable failure, due again after `delay`.
 pub async fn schedule_retry(
     conn: &mut AsyncPgConnection,

@@ -147,4 +147,8 @@ impl Handler for DemoLedger {
         }
         Ok(Handled::Applied)
     }
+
+    fn batchable(&self) -> bool {
+        true
+    }
 }

@@ -85,6 +85,14 @@ pub trait Handler: Send + Sync + 'static {
         event: &Event,
         tx: &mut AsyncPgConnection,
     ) -> Result<Handled, HandlerError>;
+
+    /// Whether several events may share one transaction, each in its own savepoint. True
+    /// only for handlers that work in the database alone and return quickly: a transaction
+    /// runs its events one after another, so a handler that waits on the network must
+    /// return false (the default) and gets a transaction per event.
+    fn batchable(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Clone)]

@@ -75,6 +75,11 @@ struct RunArgs {
     /// Most events claimed by one statement.
     #[arg(long, env = "WORKER_BATCH_SIZE", default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
     batch_size: u16,
+    /// Most events sharing one transaction (each in its own savepoint), for handlers that
+    /// work in the database alone (the demo handler, unrouted events); others get a
+    /// transaction per event.
+    #[arg(long, env = "WORKER_TRANSACTION_SIZE", default_value_t = 25, value_parser = clap::value_parser!(u16).range(1..))]
+    transaction_size: u16,
     /// How long a claim stays valid without a heartbeat; a crashed worker's events return to
     /// the queue after this. Running handlers extend it every third of its length.
     #[arg(long, env = "WORKER_LEASE", value_parser = humantime::parse_duration, default_value = "30s")]
@@ -161,6 +166,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         lease: args.lease,
         concurrency: usize::from(args.concurrency),
         batch_size: usize::from(args.batch_size),
+        transaction_size: usize::from(args.transaction_size),
         poll_interval: args.poll_interval,
         rescue_interval: args.rescue_interval,
         handler_timeout: args.handler_timeout,
@@ -174,7 +180,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             every: Duration::from_secs(15 * 60),
         }),
     };
-    let worker = Worker::new(args.db.pool(), router, settings, metrics.clone());
+    // Every event in flight may hold a connection (handlers that are not batchable get a
+    // transaction each), plus the claim loop, heartbeats and housekeeping.
+    let mut db = args.db.clone();
+    let needed = u32::from(args.concurrency) + 4;
+    if db.db_pool_size < needed {
+        tracing::info!(
+            configured = db.db_pool_size,
+            using = needed,
+            "database pool sized to the concurrency"
+        );
+        db.db_pool_size = needed;
+    }
+    let worker = Worker::new(db.pool(), router, settings, metrics.clone());
 
     let metrics_data = web::Data::new(metrics);
     let metrics_server = HttpServer::new(move || {

@@ -15,7 +15,7 @@ use inbox_core::backoff::RetryDecision;
 use inbox_core::db::PgPool;
 use inbox_core::inbox::{self, TransitionError};
 use inbox_core::BackoffPolicy;
-use tokio::sync::{watch, Notify};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
@@ -33,6 +33,8 @@ pub struct WorkerSettings {
     pub concurrency: usize,
     /// Most events claimed by one statement.
     pub batch_size: usize,
+    /// Most events of batchable handlers sharing one transaction (each in its own savepoint).
+    pub transaction_size: usize,
     /// Idle wait between claims when nothing is due (and no notification arrives).
     pub poll_interval: Duration,
     /// How often expired leases are looked for.
@@ -72,6 +74,17 @@ enum AttemptError {
     LeaseLost,
     #[error("database: {0}")]
     Database(#[from] diesel::result::Error),
+    #[error("no database connection: {0}")]
+    NoConnection(String),
+}
+
+/// What one event's part of an attempt came to.
+#[derive(Debug)]
+enum Outcome {
+    /// Completed in the attempt's transaction.
+    Done(Handled),
+    /// Its handler failed; its writes were rolled back.
+    Failed(AttemptError),
 }
 
 impl From<TransitionError> for AttemptError {
@@ -120,16 +133,18 @@ impl Worker {
         });
         let mut in_flight: JoinSet<()> = JoinSet::new();
         let concurrency = self.settings.concurrency.max(1);
+        let batch_size = self.settings.batch_size.max(1);
+        // One permit per event in flight.
+        let slots = Arc::new(Semaphore::new(concurrency));
+        // Claim in batches: wait for this many free slots unless the worker is idle.
+        let worth_claiming = batch_size.min(concurrency.div_ceil(2));
         loop {
             while in_flight.try_join_next().is_some() {}
             if *shutdown.borrow() {
                 break;
             }
-            // Claim only what can start now, so claimed rows never sit waiting for a slot.
-            let free = concurrency
-                .saturating_sub(in_flight.len())
-                .min(self.settings.batch_size.max(1));
-            if free == 0 {
+            let free = slots.available_permits().min(batch_size);
+            if free == 0 || (free < worth_claiming && !in_flight.is_empty()) {
                 tokio::select! {
                     _ = in_flight.join_next() => {}
                     _ = shutdown.changed() => {}
@@ -156,9 +171,19 @@ impl Worker {
                 self.release(&ids, token).await;
                 break;
             }
-            for row in claimed.events {
+            for group in self.groups(claimed.events) {
+                let size = u32::try_from(group.len()).unwrap_or(u32::MAX);
+                let Ok(permits) = Arc::clone(&slots).try_acquire_many_owned(size) else {
+                    // Cannot happen: no more was claimed than there were free slots.
+                    let ids: Vec<i64> = group.iter().map(|event| event.id).collect();
+                    self.release(&ids, token).await;
+                    continue;
+                };
                 let worker = self.clone();
-                in_flight.spawn(async move { worker.attempt(Event::from(row), token).await });
+                in_flight.spawn(async move {
+                    worker.attempt(group, token).await;
+                    drop(permits);
+                });
             }
         }
         let running = in_flight.len();
@@ -323,101 +348,194 @@ impl Worker {
         }
     }
 
-    /// One attempt at one event: handler and completion in one transaction, the lease kept
-    /// alive meanwhile; then, on failure, a fenced retry or dead-lettering.
-    #[tracing::instrument(skip_all, fields(provider = %event.provider, event_id = %event.event_id, attempt = event.attempt))]
-    async fn attempt(&self, event: Event, token: Uuid) {
+    /// Splits claimed rows into transactions: events of batchable handlers (and events no
+    /// route matches) share transactions of up to `transaction_size`; every other event gets
+    /// one of its own.
+    fn groups(&self, rows: Vec<inbox::ClaimedEvent>) -> Vec<Vec<Event>> {
+        let size = self.settings.transaction_size.max(1);
+        let mut groups = Vec::new();
+        let mut shared: Vec<Event> = Vec::with_capacity(size);
+        for event in rows.into_iter().map(Event::from) {
+            let batchable = self
+                .router
+                .handler_for(&event.provider, event.event_type.as_deref())
+                .is_none_or(|handler| handler.batchable());
+            if !batchable {
+                groups.push(vec![event]);
+                continue;
+            }
+            shared.push(event);
+            if shared.len() == size {
+                groups.push(std::mem::replace(&mut shared, Vec::with_capacity(size)));
+            }
+        }
+        if !shared.is_empty() {
+            groups.push(shared);
+        }
+        groups
+    }
+
+    /// One attempt at a group of events claimed under `token`: their handlers and their
+    /// completion in one transaction, the lease kept alive meanwhile; then fenced retries or
+    /// dead-lettering for those that failed.
+    async fn attempt(&self, events: Vec<Event>, token: Uuid) {
+        let ids: Vec<i64> = events.iter().map(|event| event.id).collect();
         let started = Instant::now();
-        let outcome = if self.settings.heartbeat {
+        let result = if self.settings.heartbeat {
             tokio::select! {
-                outcome = self.handle_and_complete(&event, token) => outcome,
-                never = self.heartbeat(event.id, token) => match never {},
+                result = self.run_transaction(&events, token) => result,
+                never = self.heartbeat(&ids, token) => match never {},
             }
         } else {
-            self.handle_and_complete(&event, token).await
+            self.run_transaction(&events, token).await
         };
-        self.metrics
-            .handler_duration
-            .with_label_values(&[event.provider.as_str()])
-            .observe(started.elapsed().as_secs_f64());
-        let event_type = event.event_type.as_deref();
-        match outcome {
-            Ok(handled) => {
-                let label = match handled {
-                    Handled::Applied => "done",
-                    Handled::Ignored => "ignored",
-                };
-                self.metrics.count(&event.provider, event_type, label);
+        let elapsed = started.elapsed().as_secs_f64() / events.len() as f64;
+        for event in &events {
+            self.metrics
+                .handler_duration
+                .with_label_values(&[event.provider.as_str()])
+                .observe(elapsed);
+        }
+        match result {
+            Ok(outcomes) => {
+                for (event, outcome) in events.iter().zip(outcomes) {
+                    self.settle(event, token, outcome).await;
+                }
             }
             Err(AttemptError::LeaseLost) => {
-                tracing::warn!("lease lost before completion: the attempt was rolled back");
-                self.metrics.lease_lost.inc();
-                self.metrics
-                    .count(&event.provider, event_type, "lease_lost");
+                tracing::warn!(
+                    events = events.len(),
+                    "lease lost before completion: the attempt was rolled back"
+                );
+                for event in &events {
+                    self.metrics.lease_lost.inc();
+                    self.metrics
+                        .count(&event.provider, event.event_type.as_deref(), "lease_lost");
+                }
             }
-            Err(AttemptError::Handler(HandlerError::Permanent(reason))) => {
-                self.settle_failure(&event, token, &format!("permanent: {reason}"), true)
-                    .await;
+            Err(AttemptError::NoConnection(err)) => {
+                tracing::warn!(error = %err, "no database connection to start the attempt; giving the events back");
+                self.release(&ids, token).await;
+            }
+            Err(err) if events.len() > 1 => {
+                // The shared transaction itself failed (not one handler: those roll back to
+                // their savepoint). Isolate: each event again, in a transaction of its own.
+                tracing::warn!(error = %err, events = events.len(), "shared transaction failed; retrying its events one by one");
+                for event in events {
+                    Box::pin(self.attempt(vec![event], token)).await;
+                }
             }
             Err(err) => {
-                self.settle_failure(&event, token, &err.to_string(), false)
+                if let Some(event) = events.first() {
+                    self.settle(event, token, Outcome::Failed(err)).await;
+                }
+            }
+        }
+    }
+
+    /// Runs the handlers of `events` and completes the ones that succeeded, in one
+    /// transaction. With several events each runs in its own savepoint, so a failure undoes
+    /// only its own writes; with one, a failure rolls the transaction back.
+    async fn run_transaction(
+        &self,
+        events: &[Event],
+        token: Uuid,
+    ) -> Result<Vec<Outcome>, AttemptError> {
+        let mut conn = self
+            .pool
+            .get()
+            .await
+            .map_err(|err| AttemptError::NoConnection(err.to_string()))?;
+        let shared = events.len() > 1;
+        conn.transaction::<_, AttemptError, _>(async |tx| {
+            let mut outcomes = Vec::with_capacity(events.len());
+            let mut completed = Vec::with_capacity(events.len());
+            for event in events {
+                let handler = self
+                    .router
+                    .handler_for(&event.provider, event.event_type.as_deref());
+                let outcome = match handler {
+                    None => Outcome::Done(Handled::Ignored),
+                    Some(handler) if shared => {
+                        // A nested transaction is a savepoint.
+                        match tx
+                            .transaction::<_, AttemptError, _>(async |savepoint| {
+                                Ok(self.run_handler(handler.as_ref(), event, savepoint).await?)
+                            })
+                            .await
+                        {
+                            Ok(handled) => Outcome::Done(handled),
+                            Err(AttemptError::Handler(err)) => {
+                                Outcome::Failed(AttemptError::Handler(err))
+                            }
+                            Err(other) => return Err(other),
+                        }
+                    }
+                    Some(handler) => {
+                        Outcome::Done(self.run_handler(handler.as_ref(), event, tx).await?)
+                    }
+                };
+                if matches!(outcome, Outcome::Done(_)) {
+                    completed.push(event.id);
+                }
+                outcomes.push(outcome);
+            }
+            inbox::complete_all(tx, &completed, token).await?;
+            Ok(outcomes)
+        })
+        .await
+    }
+
+    /// Runs one handler, turning a timeout or a panic into a retryable failure.
+    async fn run_handler(
+        &self,
+        handler: &dyn crate::Handler,
+        event: &Event,
+        tx: &mut diesel_async::AsyncPgConnection,
+    ) -> Result<Handled, HandlerError> {
+        let timeout = self.settings.handler_timeout;
+        let run = AssertUnwindSafe(handler.handle(event, tx)).catch_unwind();
+        match tokio::time::timeout(timeout, run).await {
+            Err(_elapsed) => Err(HandlerError::Retryable(format!(
+                "handler timed out after {timeout:?}"
+            ))),
+            Ok(Err(panic)) => Err(HandlerError::Retryable(format!(
+                "handler panicked: {}",
+                panic_message(&panic)
+            ))),
+            Ok(Ok(result)) => result,
+        }
+    }
+
+    /// Records what became of one event of a committed attempt.
+    async fn settle(&self, event: &Event, token: Uuid, outcome: Outcome) {
+        let event_type = event.event_type.as_deref();
+        match outcome {
+            Outcome::Done(Handled::Applied) => {
+                self.metrics.count(&event.provider, event_type, "done")
+            }
+            Outcome::Done(Handled::Ignored) => {
+                self.metrics.count(&event.provider, event_type, "ignored")
+            }
+            Outcome::Failed(AttemptError::Handler(HandlerError::Permanent(reason))) => {
+                self.settle_failure(event, token, &format!("permanent: {reason}"), true)
+                    .await;
+            }
+            Outcome::Failed(err) => {
+                self.settle_failure(event, token, &err.to_string(), false)
                     .await;
             }
         }
     }
 
-    async fn handle_and_complete(
-        &self,
-        event: &Event,
-        token: Uuid,
-    ) -> Result<Handled, AttemptError> {
-        let handler = self
-            .router
-            .handler_for(&event.provider, event.event_type.as_deref())
-            .cloned();
-        let timeout = self.settings.handler_timeout;
-        let mut conn = self
-            .pool
-            .get()
-            .await
-            .map_err(|err| HandlerError::Retryable(format!("no database connection: {err}")))?;
-        conn.transaction::<_, AttemptError, _>(async |tx| {
-            let handled = match &handler {
-                None => Handled::Ignored,
-                Some(handler) => {
-                    let run = AssertUnwindSafe(handler.handle(event, tx)).catch_unwind();
-                    match tokio::time::timeout(timeout, run).await {
-                        Err(_elapsed) => {
-                            return Err(HandlerError::Retryable(format!(
-                                "handler timed out after {timeout:?}"
-                            ))
-                            .into())
-                        }
-                        Ok(Err(panic)) => {
-                            return Err(HandlerError::Retryable(format!(
-                                "handler panicked: {}",
-                                panic_message(&panic)
-                            ))
-                            .into())
-                        }
-                        Ok(Ok(result)) => result?,
-                    }
-                }
-            };
-            inbox::complete(tx, event.id, token).await?;
-            Ok(handled)
-        })
-        .await
-    }
-
     /// Extends the lease every third of its length for as long as the attempt runs.
-    async fn heartbeat(&self, id: i64, token: Uuid) -> std::convert::Infallible {
+    async fn heartbeat(&self, ids: &[i64], token: Uuid) -> std::convert::Infallible {
         let period = self.settings.lease / 3;
         loop {
             tokio::time::sleep(period).await;
             let extended = async {
                 let mut conn = self.pool.get().await?;
-                anyhow::Ok(inbox::extend_lease(&mut conn, &[id], token, self.settings.lease).await?)
+                anyhow::Ok(inbox::extend_lease(&mut conn, ids, token, self.settings.lease).await?)
             }
             .await;
             match extended {
