@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 PG := scripts/local-postgres
 
-.PHONY: all build run test lint unit-test deploy-check bench fmt clean
+.PHONY: all build run test lint unit-test deploy-check bench chaos fmt clean
 
 all: build
 
@@ -31,6 +31,15 @@ deploy-check:
 ## writes bench/report.md and bench/chart.svg (about 10 minutes).
 bench:
 	bench/run
+
+## Proof under fire, long version (minutes): two receivers and three workers under the provider
+## simulator, workers and receivers killed with SIGKILL, PostgreSQL stopped abruptly, then a
+## summary table; then every fuzz target of inbox-signature for FUZZ_SECONDS (default 25).
+## Sized by CHAOS_EVENTS (50000), CHAOS_DURATION (240s of sending), CHAOS_WORKER_KILLS (24),
+## CHAOS_RECEIVER_KILLS (4), CHAOS_DATABASE_RESTARTS (2), CHAOS_SEED.
+chaos: build
+	$(CARGO) test -p inbox-tests --test chaos_long -- --ignored --nocapture
+	crates/inbox-signature/fuzz/run
 
 unit-test:
 	$(CARGO) build --workspace --bins
