@@ -15,7 +15,8 @@ use async_trait::async_trait;
 use diesel::prelude::*;
 use diesel::upsert::excluded;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use inbox_core::schema::{demo_ledger, demo_payments, processed_events};
+use diesel::sql_types::{Nullable, Text};
+use inbox_core::schema::{demo_payments, processed_events};
 use serde::Deserialize;
 
 use crate::handler::{Event, Handled, Handler, HandlerError};
@@ -131,17 +132,23 @@ impl Handler for DemoLedger {
         if event_type == POISON_EVENT_TYPE {
             return Err(HandlerError::Permanent("poison event (demo)".into()));
         }
-        if !mark_processed(tx, event).await? {
+        // One statement: mark the event processed and, only if it was not yet, write its line.
+        let recorded = diesel::sql_query(
+            "WITH marked AS ( \
+                 INSERT INTO processed_events (provider, event_id) VALUES ($1, $2) \
+                 ON CONFLICT DO NOTHING RETURNING provider, event_id \
+             ) \
+             INSERT INTO demo_ledger (provider, event_id, event_type) \
+             SELECT provider, event_id, $3 FROM marked",
+        )
+        .bind::<Text, _>(&event.provider)
+        .bind::<Text, _>(&event.event_id)
+        .bind::<Nullable<Text>, _>(&event.event_type)
+        .execute(tx)
+        .await?;
+        if recorded == 0 {
             return Ok(Handled::Ignored);
         }
-        diesel::insert_into(demo_ledger::table)
-            .values((
-                demo_ledger::provider.eq(&event.provider),
-                demo_ledger::event_id.eq(&event.event_id),
-                demo_ledger::event_type.eq(&event.event_type),
-            ))
-            .execute(tx)
-            .await?;
         if event_type.starts_with("payment.") {
             apply_payment(tx, event_type, event).await?;
         }
