@@ -77,8 +77,9 @@ struct RunArgs {
     batch_size: u16,
     /// Most events sharing one transaction (each in its own savepoint), for handlers that
     /// work in the database alone (the demo handler, unrouted events); others get a
-    /// transaction per event.
-    #[arg(long, env = "WORKER_TRANSACTION_SIZE", default_value_t = 25, value_parser = clap::value_parser!(u16).range(1..))]
+    /// transaction per event. At most 64: PostgreSQL tracks up to 64 subtransactions per
+    /// transaction cheaply, and each savepoint that writes is one.
+    #[arg(long, env = "WORKER_TRANSACTION_SIZE", default_value_t = 25, value_parser = clap::value_parser!(u16).range(1..=64))]
     transaction_size: u16,
     /// How long a claim stays valid without a heartbeat; a crashed worker's events return to
     /// the queue after this. Running handlers extend it every third of its length.
