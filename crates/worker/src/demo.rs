@@ -13,9 +13,9 @@
 
 use async_trait::async_trait;
 use diesel::prelude::*;
+use diesel::sql_types::{Nullable, Text};
 use diesel::upsert::excluded;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use diesel::sql_types::{Nullable, Text};
 use inbox_core::schema::{demo_payments, processed_events};
 use serde::Deserialize;
 
