@@ -284,17 +284,7 @@ pub async fn complete(
     id: i64,
     lease_token: Uuid,
 ) -> Result<(), TransitionError> {
-    let updated = diesel::update(fenced(id, lease_token))
-        .set((
-            webhook_inbox::status.eq(InboxStatus::Done),
-            webhook_inbox::processed_at.eq(diesel::dsl::now),
-            webhook_inbox::lease_token.eq(None::<Uuid>),
-            webhook_inbox::locked_until.eq(None::<DateTime<Utc>>),
-            webhook_inbox::last_error.eq(None::<String>),
-        ))
-        .execute(conn)
-        .await?;
-    expect_one(updated)
+    complete_all(conn, &[id], lease_token).await
 }
 
 /// `processing -> done` for several rows claimed under one token, in one statement: the
