@@ -180,9 +180,27 @@ impl Postgres {
             url: String::new(),
             placeholder: None,
         };
+        // The script picks the lowest port nobody listens on, which is also the port of any
+        // server another test stopped for a moment: keep those taken while this one starts.
+        let stopped_servers_ports = Self::hold_ports_of_stopped_servers();
         // Assigned once the guard exists, so that a failed start is cleaned up too.
         server.url = Self::run_with_retries("start", &server.name, &["dev"]).await;
+        drop(stopped_servers_ports);
         server
+    }
+
+    /// Listens on the recorded port of every local-postgres server that is not running now.
+    fn hold_ports_of_stopped_servers() -> Vec<std::net::TcpListener> {
+        let Ok(servers) = std::fs::read_dir(repo_root().join("target/postgres")) else {
+            return Vec::new();
+        };
+        servers
+            .filter_map(|server| {
+                let port = std::fs::read_to_string(server.ok()?.path().join("port")).ok()?;
+                let port: u16 = port.trim().parse().ok()?;
+                std::net::TcpListener::bind(("127.0.0.1", port)).ok()
+            })
+            .collect()
     }
 
     fn port(&self) -> u16 {
@@ -1318,6 +1336,10 @@ impl Outcome {
             (
                 "ignored (unrouted)",
                 format!("{} events done without effect", c.ignored),
+            ),
+            (
+                "rows attempted twice or more",
+                format!("{} (in flight at a kill or an outage)", c.retried_rows),
             ),
             (
                 "dead letters",
