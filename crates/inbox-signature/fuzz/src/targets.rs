@@ -14,8 +14,11 @@ use inbox_signature::{
     Scheme, Verified,
 };
 
+/// A target's body.
+pub type Target = fn(&[u8]);
+
 /// Every target, by name (the name of its binary and of its regressions folder).
-pub const TARGETS: [(&str, fn(&[u8])); 8] = [
+pub const TARGETS: [(&str, Target); 8] = [
     ("parse_timestamp", parse_timestamp_target),
     ("parse_stripe_header", parse_stripe_header_target),
     (
@@ -30,7 +33,7 @@ pub const TARGETS: [(&str, fn(&[u8])); 8] = [
 ];
 
 /// The target called `name`.
-pub fn target(name: &str) -> Option<fn(&[u8])> {
+pub fn target(name: &str) -> Option<Target> {
     TARGETS
         .iter()
         .find(|(candidate, _)| *candidate == name)
