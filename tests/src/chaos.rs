@@ -318,7 +318,8 @@ impl Service {
         command
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("RUST_LOG", "warn")
+            // Warnings, and the receiver's own start-up line ("receiver ready").
+            .env("RUST_LOG", "warn,receiver=info")
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(stderr);
@@ -329,6 +330,14 @@ impl Service {
             .spawn()
             .unwrap_or_else(|err| panic!("starting {}: {err}", self.program.display()));
         self.child = Some(child);
+    }
+
+    /// Whether the current generation has logged a line containing `text`.
+    fn logged_since_spawn(&self, text: &str) -> bool {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let marker = format!("--- {} generation {} ---", self.label, self.generation);
+        log.rfind(&marker)
+            .is_some_and(|start| log[start..].contains(text))
     }
 
     /// Whether the process has exited (recorded as unexpected: nobody killed it).
@@ -381,8 +390,10 @@ fn tail(path: &Path, lines: usize) -> String {
 }
 
 /// A free loopback port outside the usual ephemeral range, so that a receiver restarted on
-/// it does not find it taken by some client connection.
-fn free_port(rng: &mut StdRng) -> u16 {
+/// it does not find it taken by some client connection. Drawn from the thread's random
+/// source, not the scenario's seed: scenarios running side by side must not draw alike.
+fn free_port() -> u16 {
+    let mut rng = rand::rng();
     for _ in 0..1_000 {
         let port = rng.random_range(20_000..32_000);
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
@@ -400,7 +411,6 @@ struct Cluster {
     ports: Vec<u16>,
     workers: Vec<Service>,
     postgres: Postgres,
-    http: reqwest::Client,
 }
 
 /// What a scenario does. Every count is exact: the timeline performs each kill it plans.
@@ -561,14 +571,13 @@ impl Cluster {
         binaries: &Binaries,
         postgres: Postgres,
         folder: &Path,
-        rng: &mut StdRng,
     ) -> Self {
         let providers_file = folder.join("providers.toml");
         let routes_file = folder.join("routes.toml");
         std::fs::write(&providers_file, PROVIDERS).unwrap_or_else(|e| panic!("{e}"));
         std::fs::write(&routes_file, inbox_simulator::ROUTES).unwrap_or_else(|e| panic!("{e}"));
         let url = postgres.url.clone();
-        let ports: Vec<u16> = (0..scenario.receivers).map(|_| free_port(rng)).collect();
+        let ports: Vec<u16> = (0..scenario.receivers).map(|_| free_port()).collect();
         let receivers = ports
             .iter()
             .enumerate()
@@ -653,10 +662,6 @@ impl Cluster {
             ports,
             workers,
             postgres,
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(2))
-                .build()
-                .unwrap_or_else(|e| panic!("{e}")),
         };
         for index in 0..cluster.receivers.len() {
             cluster.start_receiver(index).await;
@@ -678,31 +683,25 @@ impl Cluster {
             .collect()
     }
 
-    /// Starts receiver `index` and waits until it answers `/healthz`; starts it again if it
-    /// exits at once (its port briefly unavailable).
+    /// Starts receiver `index` and waits until that very process logs that it is ready
+    /// (an answer on the port could come from another process that took it); starts it
+    /// again if it exits at once (its port briefly unavailable).
     async fn start_receiver(&mut self, index: usize) {
-        let health = format!("http://127.0.0.1:{}/healthz", self.ports[index]);
         let deadline = Instant::now() + Duration::from_secs(60);
         for _ in 0..20 {
             self.receivers[index].spawn();
             loop {
-                let healthy = self
-                    .http
-                    .get(&health)
-                    .send()
-                    .await
-                    .is_ok_and(|answer| answer.status().is_success());
-                if healthy {
+                let service = &mut self.receivers[index];
+                if service.logged_since_spawn("receiver ready") {
                     return;
                 }
-                let service = &mut self.receivers[index];
                 if let Some(Ok(Some(_))) = service.child.as_mut().map(Child::try_wait) {
                     service.child = None;
                     break; // exited: try again
                 }
                 assert!(
                     Instant::now() < deadline,
-                    "{} did not become healthy within 60 s; log:\n{}",
+                    "{} did not become ready within 60 s; log:\n{}",
                     service.label,
                     tail(&service.log, 20)
                 );
@@ -1208,14 +1207,11 @@ pub async fn run(scenario: Scenario) -> Outcome {
         "worker migrate failed: {}",
         String::from_utf8_lossy(&migrated.stderr)
     );
-    let mut cluster = Cluster::start(&scenario, &binaries, postgres, &logs.path, &mut rng).await;
+    let mut cluster = Cluster::start(&scenario, &binaries, postgres, &logs.path).await;
 
     let providers = Arc::new(crate::providers(PROVIDERS, &SECRETS));
-    let run_id = format!(
-        "{}{:06x}",
-        scenario.name.chars().next().unwrap_or('c'),
-        rng.random::<u32>() & 0xff_ffff
-    );
+    // Unique per run (not drawn from the seed), so no two runs ever share an event id.
+    let run_id = format!("{}-{}", scenario.name, inbox_simulator::random_run_id());
     let plan = Plan::new(
         &providers,
         &[],
