@@ -12,6 +12,7 @@ def of(phase):
 
 
 machine = (of("machine") or [{}])[0]
+settings = (of("settings") or [{}])[0]
 ceiling_one = of("ceiling_insert_one")
 best_one = max((r["per_second"] for r in ceiling_one), default=0.0)
 ceiling_64 = (of("ceiling_insert_64") or [{"per_second": 0}])[0]["per_second"]
@@ -39,6 +40,10 @@ w(f"Machine: {machine.get('cpus')} CPUs ({machine.get('cpu_model')}), {machine.g
   f"PostgreSQL {machine.get('postgres')} on the same machine (durable commits: fsync and "
   f"synchronous_commit on); run {machine.get('date')}. Everything (load generator, receiver, worker, "
   "database) shares the same cores, so only ratios from this one run are meaningful.")
+w("")
+w(f"Settings: receiver `{settings.get('receiver', '')}` (otherwise defaults: group commit with 4 writers, "
+  f"batches up to 256); worker `{settings.get('worker', '')}`; {settings.get('seconds_per_run')} s per measured run "
+  "after a 2 s warm-up; PostgreSQL profile `bench` of `scripts/local-postgres`.")
 w("")
 w("Reproduce: `make bench` (about 10 minutes; `BENCH_SECONDS`, `BENCH_CONCURRENCIES`, "
   "`BENCH_DRAIN_EVENTS` shorten or lengthen it).")
