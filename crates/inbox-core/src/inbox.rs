@@ -300,7 +300,7 @@ pub async fn complete_all(
     }
     let updated = diesel::sql_query(
         "UPDATE webhook_inbox \
-         SET status = 2, processed_at = now(), lease_token = NULL, locked_until = NULL, last_error = NULL \
+         SET status = 2, processed_at = clock_timestamp(), lease_token = NULL, locked_until = NULL, last_error = NULL \
          WHERE id = ANY($1) AND lease_token = $2 AND status = 1",
     )
     .bind::<Array<BigInt>, _>(ids)
