@@ -148,6 +148,7 @@ pub fn worker_settings(name: &str) -> WorkerSettings {
         concurrency: 8,
         batch_size: 50,
         transaction_size: 10,
+        claimers: 2,
         poll_interval: Duration::from_millis(50),
         rescue_interval: Duration::from_millis(200),
         handler_timeout: Duration::from_secs(5),

@@ -125,3 +125,57 @@ async fn a_bad_signature_is_refused_and_nothing_is_stored() {
         "{metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_accepted_webhook_wakes_an_idle_worker_through_the_receivers_notification() {
+    let db = TestDatabase::new().await;
+    let receiver = TestReceiver::demo(&db).await;
+    let mut settings = worker_settings("w1");
+    // Nothing but the notification can wake it in time.
+    settings.poll_interval = Duration::from_secs(600);
+    settings.rescue_interval = Duration::from_secs(600);
+    let worker = RunningWorker::start(&db, demo_router(), settings);
+    let mut conn = db.connect().await;
+    // The first event proves the worker runs; after it the worker idles.
+    assert_eq!(
+        receiver
+            .post_demo(r#"{"id":"evt_a","type":"t"}"#, DEMO_SECRET)
+            .await
+            .0,
+        200
+    );
+    wait_until(
+        "the first event is done",
+        Duration::from_secs(30),
+        async || {
+            count(
+                &mut conn,
+                "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    assert_eq!(
+        receiver
+            .post_demo(r#"{"id":"evt_b","type":"t"}"#, DEMO_SECRET)
+            .await
+            .0,
+        200
+    );
+    wait_until(
+        "the second event is done, long before any poll",
+        Duration::from_secs(30),
+        async || {
+            count(
+                &mut conn,
+                "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+            )
+            .await
+                == 2
+        },
+    )
+    .await;
+    worker.stop().await;
+}

@@ -339,6 +339,7 @@ async fn a_new_event_wakes_an_idle_worker_without_waiting_for_the_poll() {
     insert_events(&mut conn, &[event(1, "test.event")])
         .await
         .unwrap();
+    inbox_core::inbox::notify_new_events(&mut conn).await.unwrap();
     wait_until(
         "the first event is done",
         Duration::from_secs(30),
@@ -353,6 +354,10 @@ async fn a_new_event_wakes_an_idle_worker_without_waiting_for_the_poll() {
     )
     .await;
     insert_events(&mut conn, &[event(2, "test.event")])
+        .await
+        .unwrap();
+    // As the receiver does after its commit.
+    inbox_core::inbox::notify_new_events(&mut conn)
         .await
         .unwrap();
     wait_until(

@@ -62,12 +62,13 @@ struct InsertRow {
 }
 
 /// Stores a batch of events in one statement, so one commit serves them all:
-/// `INSERT ... ON CONFLICT (provider, event_id) DO NOTHING`, and, when at least one row was
-/// new, a `NOTIFY` that wakes idle workers (once per batch: each notifying commit takes a
-/// global lock). Duplicates within the batch are folded before the insert. Returns one
-/// outcome per input event, in input order.
+/// `INSERT ... ON CONFLICT (provider, event_id) DO NOTHING`. Duplicates within the batch are
+/// folded before the insert. Returns one outcome per input event, in input order.
 ///
-/// Runs as one implicit transaction: every outcome is durable when this returns `Ok`.
+/// Runs as one implicit transaction: every outcome is durable when this returns `Ok`. It does
+/// not wake the workers: see [`notify_new_events`], sent after the commit, because a `NOTIFY`
+/// inside this transaction would serialise every ingest commit on PostgreSQL's notification
+/// queue lock.
 pub async fn insert_events(
     conn: &mut AsyncPgConnection,
     events: &[NewEvent],
@@ -114,12 +115,9 @@ pub async fn insert_events(
              SELECT provider, event_id, event_type, headers, body, body_sha256 FROM input ORDER BY ord \
              ON CONFLICT (provider, event_id) DO NOTHING \
              RETURNING provider, event_id \
-         ), notified AS ( \
-             SELECT count(pg_notify('webhook_inbox', '')) AS n FROM (SELECT 1 FROM inserted LIMIT 1) AS any_new \
          ) \
          SELECT input.ord AS ord, inserted.event_id IS NOT NULL AS inserted, existing.body_sha256 AS existing_sha256 \
          FROM input \
-         CROSS JOIN notified \
          LEFT JOIN inserted ON inserted.provider = input.provider AND inserted.event_id = input.event_id \
          LEFT JOIN webhook_inbox AS existing ON existing.provider = input.provider AND existing.event_id = input.event_id",
     )
@@ -173,6 +171,19 @@ pub async fn insert_events(
             }
         })
         .collect()
+}
+
+/// Wakes the workers that `LISTEN` on [`crate::NOTIFY_CHANNEL`]: new events are committed.
+///
+/// Its own statement and commit. Every notifying commit takes PostgreSQL's global
+/// notification queue lock, so callers coalesce: one notification for whatever was committed
+/// while the previous one was in flight.
+pub async fn notify_new_events(conn: &mut AsyncPgConnection) -> QueryResult<()> {
+    diesel::sql_query("SELECT pg_notify($1, '')")
+        .bind::<Text, _>(crate::NOTIFY_CHANNEL)
+        .execute(conn)
+        .await
+        .map(|_| ())
 }
 
 /// An event claimed by a worker, with everything a handler needs.

@@ -19,6 +19,7 @@ use inbox_core::inbox::{self, InsertOutcome, NewEvent};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use crate::metrics::Metrics;
+use crate::notifier::Notifier;
 
 /// Default largest number of events stored by one statement.
 pub const DEFAULT_MAX_BATCH: usize = 256;
@@ -90,6 +91,7 @@ enum Inner {
     PerRequest {
         pool: PgPool,
         metrics: Metrics,
+        notifier: Notifier,
     },
 }
 
@@ -118,8 +120,13 @@ impl Ingestor {
         max_batch: usize,
         writers: usize,
     ) -> Self {
+        let notifier = Notifier::start(pool.clone());
         let inner = match mode {
-            IngestMode::PerRequest => Inner::PerRequest { pool, metrics },
+            IngestMode::PerRequest => Inner::PerRequest {
+                pool,
+                metrics,
+                notifier,
+            },
             IngestMode::GroupCommit => {
                 let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
                 let receiver = Arc::new(Mutex::new(receiver));
@@ -128,6 +135,7 @@ impl Ingestor {
                         Arc::clone(&receiver),
                         pool.clone(),
                         metrics.clone(),
+                        notifier.clone(),
                         deadline,
                         max_batch.max(1),
                     ));
@@ -144,8 +152,13 @@ impl Ingestor {
     /// Stores one event and returns once its row is committed (or known to exist).
     pub async fn store(&self, event: NewEvent) -> Result<InsertOutcome, Arc<StoreError>> {
         match &self.inner {
-            Inner::PerRequest { pool, metrics } => {
-                let outcome = write_batch(pool, std::slice::from_ref(&event), self.deadline).await;
+            Inner::PerRequest {
+                pool,
+                metrics,
+                notifier,
+            } => {
+                let outcome =
+                    write_batch(pool, notifier, std::slice::from_ref(&event), self.deadline).await;
                 metrics.observe_batch(1, outcome.as_ref().err());
                 outcome
                     .map_err(Arc::new)?
@@ -186,6 +199,7 @@ const QUARANTINE: Duration = Duration::from_secs(60);
 
 async fn write_batch(
     pool: &PgPool,
+    notifier: &Notifier,
     events: &[NewEvent],
     deadline: Duration,
 ) -> Result<Vec<InsertOutcome>, StoreError> {
@@ -196,7 +210,13 @@ async fn write_batch(
         .map_err(|_| StoreError::NoConnection)?;
     let remaining = deadline.saturating_sub(started.elapsed());
     match tokio::time::timeout(remaining, inbox::insert_events(&mut conn, events)).await {
-        Ok(result) => result.map_err(StoreError::Database),
+        Ok(Ok(outcomes)) => {
+            if outcomes.contains(&InsertOutcome::Accepted) {
+                notifier.new_events_committed();
+            }
+            Ok(outcomes)
+        }
+        Ok(Err(err)) => Err(StoreError::Database(err)),
         Err(_elapsed) => {
             // The statement may still run, and commit, on the server: the caller answers 503
             // and the provider's retry finds out ("duplicate" if it landed). The connection
@@ -216,6 +236,7 @@ async fn run_writer(
     queue: Arc<Mutex<mpsc::Receiver<Pending>>>,
     pool: PgPool,
     metrics: Metrics,
+    notifier: Notifier,
     deadline: Duration,
     max_batch: usize,
 ) {
@@ -241,7 +262,7 @@ async fn run_writer(
         if events.is_empty() {
             continue;
         }
-        let result = write_batch(&pool, &events, deadline).await;
+        let result = write_batch(&pool, &notifier, &events, deadline).await;
         metrics.observe_batch(events.len(), result.as_ref().err());
         match result {
             Ok(outcomes) if outcomes.len() == replies.len() => {

@@ -13,5 +13,6 @@ pub mod http;
 pub mod identify;
 pub mod ingest;
 pub mod metrics;
+pub mod notifier;
 pub mod providers;
 pub mod server;

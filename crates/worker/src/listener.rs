@@ -9,9 +9,9 @@ use futures_util::future::poll_fn;
 use tokio::sync::{watch, Notify};
 use tokio_postgres::{AsyncMessage, NoTls};
 
-/// Keeps a `LISTEN` connection open until `shutdown`, reconnecting after failures, and calls
-/// `wake.notify_one()` for every notification (a stored permit, so none is missed while the
-/// claim loop is busy).
+/// Keeps a `LISTEN` connection open until `shutdown`, reconnecting after failures, and wakes
+/// the claim loops for every notification (also leaving a stored permit, so none is missed
+/// while they are busy).
 pub async fn listen_for_new_events(
     database_url: String,
     wake: Arc<Notify>,
@@ -28,13 +28,19 @@ pub async fn listen_for_new_events(
             _ = shutdown.changed() => return,
         }
         // Whatever arrived while disconnected is found by an immediate claim.
-        wake.notify_one();
+        wake_all(&wake);
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = shutdown.changed() => return,
         }
         delay = (delay * 2).min(Duration::from_secs(5));
     }
+}
+
+/// Wakes every idle claim loop, and leaves a permit for one that is busy right now.
+fn wake_all(wake: &Notify) {
+    wake.notify_waiters();
+    wake.notify_one();
 }
 
 async fn listen_once(database_url: &str, wake: &Notify) -> Result<(), tokio_postgres::Error> {
@@ -60,7 +66,7 @@ async fn listen_once(database_url: &str, wake: &Notify) -> Result<(), tokio_post
     tracing::debug!("listening for new-event notifications");
     while let Some(message) = messages.recv().await {
         if let AsyncMessage::Notification(_) = message {
-            wake.notify_one();
+            wake_all(wake);
         }
     }
     match driver.await {

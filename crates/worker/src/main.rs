@@ -75,6 +75,10 @@ struct RunArgs {
     /// Most events claimed by one statement.
     #[arg(long, env = "WORKER_BATCH_SIZE", default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
     batch_size: u16,
+    /// Claim loops sharing the concurrency: while one waits for its claim, the others' events
+    /// keep running.
+    #[arg(long, env = "WORKER_CLAIMERS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    claimers: u16,
     /// Most events sharing one transaction (each in its own savepoint), for handlers that
     /// work in the database alone (the demo handler, unrouted events); others get a
     /// transaction per event. At most 64: PostgreSQL tracks up to 64 subtransactions per
@@ -168,6 +172,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         concurrency: usize::from(args.concurrency),
         batch_size: usize::from(args.batch_size),
         transaction_size: usize::from(args.transaction_size),
+        claimers: usize::from(args.claimers),
         poll_interval: args.poll_interval,
         rescue_interval: args.rescue_interval,
         handler_timeout: args.handler_timeout,

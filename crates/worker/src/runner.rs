@@ -33,6 +33,8 @@ pub struct WorkerSettings {
     pub concurrency: usize,
     /// Most events claimed by one statement.
     pub batch_size: usize,
+    /// Claim loops sharing the concurrency.
+    pub claimers: usize,
     /// Most events of batchable handlers sharing one transaction (each in its own savepoint).
     pub transaction_size: usize,
     /// Idle wait between claims when nothing is due (and no notification arrives).
@@ -125,14 +127,33 @@ impl Worker {
 
     /// Runs until `shutdown` turns true: then stops claiming, lets the handlers in flight
     /// finish within the shutdown grace, and returns.
-    pub async fn run(&self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(&self, shutdown: watch::Receiver<bool>) {
         let housekeeping = tokio::spawn({
             let worker = self.clone();
             let shutdown = shutdown.clone();
             async move { worker.housekeeping(shutdown).await }
         });
+        // Several claim loops, so one claim's round trip and commit never leaves the others'
+        // slots idle; each owns a share of the concurrency.
+        let claimers = self
+            .settings
+            .claimers
+            .clamp(1, self.settings.concurrency.max(1));
+        let share = self.settings.concurrency.max(1) / claimers;
+        let extra = self.settings.concurrency.max(1) % claimers;
+        let loops = (0..claimers).map(|index| {
+            let slots = share + usize::from(index < extra);
+            self.claim_loop(slots, shutdown.clone())
+        });
+        futures_util::future::join_all(loops).await;
+        housekeeping.abort();
+    }
+
+    /// Claims and runs events with `concurrency` slots of its own until shutdown, then lets
+    /// its handlers in flight finish within the shutdown grace.
+    async fn claim_loop(&self, concurrency: usize, mut shutdown: watch::Receiver<bool>) {
         let mut in_flight: JoinSet<()> = JoinSet::new();
-        let concurrency = self.settings.concurrency.max(1);
+        let concurrency = concurrency.max(1);
         let batch_size = self.settings.batch_size.max(1);
         // One permit per event in flight.
         let slots = Arc::new(Semaphore::new(concurrency));
@@ -202,7 +223,6 @@ impl Worker {
             in_flight.abort_all();
             while in_flight.join_next().await.is_some() {}
         }
-        housekeeping.abort();
     }
 
     /// Rescue of expired leases, backlog gauges and retention, on their own timers, off the
