@@ -339,7 +339,9 @@ async fn a_new_event_wakes_an_idle_worker_without_waiting_for_the_poll() {
     insert_events(&mut conn, &[event(1, "test.event")])
         .await
         .unwrap();
-    inbox_core::inbox::notify_new_events(&mut conn).await.unwrap();
+    inbox_core::inbox::notify_new_events(&mut conn)
+        .await
+        .unwrap();
     wait_until(
         "the first event is done",
         Duration::from_secs(30),
