@@ -280,3 +280,52 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
         16 + 3 + 5 + 7
     );
 }
+
+#[derive(diesel::QueryableByName)]
+struct Sum {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+#[tokio::test]
+async fn hand_written_hot_statements_are_prepared_once_per_connection() {
+    use inbox_core::prepared::{bind, cached_sql};
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    for (a, b) in [(1_i64, 2_i64), (40, 2)] {
+        let rows: Vec<Sum> = cached_sql(
+            "SELECT $1::int8 + $2::int8 AS n /* cached-sql-probe */",
+            (
+                bind::<diesel::sql_types::BigInt, _>(a),
+                bind::<diesel::sql_types::BigInt, _>(b),
+            ),
+        )
+        .load(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(rows.iter().map(|r| r.n).collect::<Vec<_>>(), [a + b]);
+    }
+    inbox::insert_events(&mut conn, &events(2)).await.unwrap();
+    inbox::insert_events(&mut conn, &events(3)).await.unwrap();
+    // An ordinary `sql_query` is prepared and dropped at every execution.
+    for _ in 0..2 {
+        diesel::sql_query("SELECT 1 AS uncached_probe")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE '%cached-sql-' || 'probe%'").await,
+        1,
+        "one server-side statement for both executions"
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE 'WITH input AS%'").await,
+        1,
+        "the ingest statement is prepared too"
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE '%uncached_' || 'probe%'").await,
+        0
+    );
+}

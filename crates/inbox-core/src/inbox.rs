@@ -15,6 +15,7 @@ use diesel::sql_types::{Array, BigInt, Bool, Bytea, Integer, Jsonb, Nullable, Sm
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
+use crate::prepared::{bind, cached_sql};
 use crate::schema::webhook_inbox;
 use crate::InboxStatus;
 
@@ -106,7 +107,7 @@ pub async fn insert_events(
 
     // One statement, so the batch costs one round trip and one commit. The final SELECT reads
     // the statement's snapshot, which holds the pre-existing rows but not the new ones.
-    let rows: Vec<InsertRow> = diesel::sql_query(
+    let rows: Vec<InsertRow> = cached_sql(
         "WITH input AS ( \
              SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::bytea[], $6::bytea[]) \
                  WITH ORDINALITY AS t(provider, event_id, event_type, headers, body, body_sha256, ord) \
@@ -120,13 +121,15 @@ pub async fn insert_events(
          FROM input \
          LEFT JOIN inserted ON inserted.provider = input.provider AND inserted.event_id = input.event_id \
          LEFT JOIN webhook_inbox AS existing ON existing.provider = input.provider AND existing.event_id = input.event_id",
+        (
+            bind::<Array<Text>, _>(&providers),
+            bind::<Array<Text>, _>(&event_ids),
+            bind::<Array<Nullable<Text>>, _>(&event_types),
+            bind::<Array<Jsonb>, _>(&headers),
+            bind::<Array<Bytea>, _>(&bodies),
+            bind::<Array<Bytea>, _>(&hashes),
+        ),
     )
-    .bind::<Array<Text>, _>(&providers)
-    .bind::<Array<Text>, _>(&event_ids)
-    .bind::<Array<Nullable<Text>>, _>(&event_types)
-    .bind::<Array<Jsonb>, _>(&headers)
-    .bind::<Array<Bytea>, _>(&bodies)
-    .bind::<Array<Bytea>, _>(&hashes)
     .load(conn)
     .await?;
 
@@ -230,7 +233,7 @@ pub async fn claim_due(
     limit: i64,
 ) -> QueryResult<Claim> {
     let lease_token = Uuid::new_v4();
-    let events = diesel::sql_query(
+    let events = cached_sql(
         "UPDATE webhook_inbox AS inbox \
          SET status = 1, attempt = inbox.attempt + 1, lease_token = $1, locked_by = $2, \
              locked_until = now() + $3 * interval '1 millisecond' \
@@ -244,11 +247,13 @@ pub async fn claim_due(
          WHERE inbox.id = due.id \
          RETURNING inbox.id, inbox.provider, inbox.event_id, inbox.event_type, inbox.received_at, \
                    inbox.headers, inbox.body, inbox.attempt",
+        (
+            bind::<diesel::sql_types::Uuid, _>(lease_token),
+            bind::<Text, _>(worker_name),
+            bind::<BigInt, _>(duration_millis(lease)),
+            bind::<BigInt, _>(limit),
+        ),
     )
-    .bind::<diesel::sql_types::Uuid, _>(lease_token)
-    .bind::<Text, _>(worker_name)
-    .bind::<BigInt, _>(duration_millis(lease))
-    .bind::<BigInt, _>(limit)
     .load::<ClaimedEvent>(conn)
     .await?;
     Ok(Claim {
@@ -309,13 +314,15 @@ pub async fn complete_all(
     if ids.is_empty() {
         return Ok(());
     }
-    let updated = diesel::sql_query(
+    let updated = cached_sql(
         "UPDATE webhook_inbox \
          SET status = 2, processed_at = clock_timestamp(), lease_token = NULL, locked_until = NULL, last_error = NULL \
          WHERE id = ANY($1) AND lease_token = $2 AND status = 1",
+        (
+            bind::<Array<BigInt>, _>(ids),
+            bind::<diesel::sql_types::Uuid, _>(lease_token),
+        ),
     )
-    .bind::<Array<BigInt>, _>(ids)
-    .bind::<diesel::sql_types::Uuid, _>(lease_token)
     .execute(conn)
     .await?;
     if updated == ids.len() {

@@ -11,6 +11,7 @@ pub mod db;
 pub mod inbox;
 pub mod metrics;
 pub mod operations;
+pub mod prepared;
 pub mod schema;
 mod status;
 pub mod telemetry;

@@ -16,6 +16,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{Nullable, Text};
 use diesel::upsert::excluded;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use inbox_core::prepared::{bind, cached_sql};
 use inbox_core::schema::{demo_payments, processed_events};
 use serde::Deserialize;
 
@@ -133,17 +134,19 @@ impl Handler for DemoLedger {
             return Err(HandlerError::Permanent("poison event (demo)".into()));
         }
         // One statement: mark the event processed and, only if it was not yet, write its line.
-        let recorded = diesel::sql_query(
+        let recorded = cached_sql(
             "WITH marked AS ( \
                  INSERT INTO processed_events (provider, event_id) VALUES ($1, $2) \
                  ON CONFLICT DO NOTHING RETURNING provider, event_id \
              ) \
              INSERT INTO demo_ledger (provider, event_id, event_type) \
              SELECT provider, event_id, $3 FROM marked",
+            (
+                bind::<Text, _>(&event.provider),
+                bind::<Text, _>(&event.event_id),
+                bind::<Nullable<Text>, _>(&event.event_type),
+            ),
         )
-        .bind::<Text, _>(&event.provider)
-        .bind::<Text, _>(&event.event_id)
-        .bind::<Nullable<Text>, _>(&event.event_type)
         .execute(tx)
         .await?;
         if recorded == 0 {
