@@ -305,8 +305,15 @@ async fn hand_written_hot_statements_are_prepared_once_per_connection() {
         .unwrap();
         assert_eq!(rows.iter().map(|r| r.n).collect::<Vec<_>>(), [a + b]);
     }
-    inbox::insert_events(&mut conn, &events(2)).await.unwrap();
-    inbox::insert_events(&mut conn, &events(3)).await.unwrap();
+    inbox::insert_events(&mut conn, &events(5)).await.unwrap();
+    let claim = inbox::claim_due(&mut conn, "a", LEASE, 5).await.unwrap();
+    let ids: Vec<i64> = claim.events.iter().map(|e| e.id).collect();
+    inbox::complete_all(&mut conn, &ids[..2], claim.lease_token)
+        .await
+        .unwrap();
+    inbox::complete_all(&mut conn, &ids[2..], claim.lease_token)
+        .await
+        .unwrap();
     // An ordinary `sql_query` is prepared and dropped at every execution.
     for _ in 0..2 {
         diesel::sql_query("SELECT 1 AS uncached_probe")
@@ -320,9 +327,9 @@ async fn hand_written_hot_statements_are_prepared_once_per_connection() {
         "one server-side statement for both executions"
     );
     assert_eq!(
-        count(&mut conn, "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE 'WITH input AS%'").await,
+        count(&mut conn, "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE 'UPDATE webhook_inbox SET status = 2%'").await,
         1,
-        "the ingest statement is prepared too"
+        "the completion is prepared too"
     );
     assert_eq!(
         count(&mut conn, "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE '%uncached_' || 'probe%'").await,

@@ -4,6 +4,10 @@
 //! time), so every execution is parsed and planned again: for the hot statements of this
 //! project that doubles their cost on the server. [`CachedSql`] carries fixed SQL text and its
 //! binds, and lets diesel cache the prepared statement by that text.
+//!
+//! Not for a statement whose good plan depends on its values: after five executions
+//! PostgreSQL may settle on a generic plan (the ingest statement, whose array sizes matter,
+//! stays unprepared for that reason).
 
 use std::marker::PhantomData;
 
