@@ -70,7 +70,7 @@ struct RunArgs {
     #[arg(long, env = "WORKER_METRICS_LISTEN", default_value = "0.0.0.0:9092")]
     metrics_listen: SocketAddr,
     /// Events handled at once by this process.
-    #[arg(long, env = "WORKER_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, env = "WORKER_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     concurrency: u16,
     /// Most events claimed by one statement.
     #[arg(long, env = "WORKER_BATCH_SIZE", default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
