@@ -45,7 +45,7 @@ w(f"Settings: receiver `{settings.get('receiver', '')}` (otherwise defaults: gro
   f"batches up to 256); worker `{settings.get('worker', '')}`; {settings.get('seconds_per_run')} s per measured run "
   "after a 2 s warm-up; PostgreSQL profile `bench` of `scripts/local-postgres`.")
 w("")
-w("Reproduce: `make bench` (about 10 minutes; `BENCH_SECONDS`, `BENCH_CONCURRENCIES`, "
+w("Reproduce: `make bench` (about 5 minutes once the release build is done; `BENCH_SECONDS`, `BENCH_CONCURRENCIES`, "
   "`BENCH_DRAIN_EVENTS` shorten or lengthen it).")
 w("")
 w("## Targets")
@@ -119,6 +119,8 @@ for k, v in peak.items():
     w(f"| {k} | {v:.1f} |")
 w("")
 w("![throughput and latency against concurrency](chart.svg)")
+w("")
+w("The changes these measurements led to, with before and after figures: [history.md](history.md).")
 w("")
 open(report_path, "w").write("\n".join(lines))
 
