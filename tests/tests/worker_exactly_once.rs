@@ -93,7 +93,7 @@ async fn a_stalled_worker_whose_lease_was_taken_over_produces_no_second_effect()
     stalled.concurrency = 1;
     let stalled = RunningWorker::start(
         &db,
-        unguarded(Duration::from_millis(1_500), 0.0, "stalled"),
+        unguarded(Duration::from_millis(2_500), 0.0, "stalled"),
         stalled,
     );
     let mut conn = db.connect().await;
@@ -106,7 +106,7 @@ async fn a_stalled_worker_whose_lease_was_taken_over_produces_no_second_effect()
     // the stalled worker tries to complete while the row is held under the healthy lease.
     let healthy = RunningWorker::start(
         &db,
-        unguarded(Duration::from_secs(3), 0.0, "healthy"),
+        unguarded(Duration::from_secs(4), 0.0, "healthy"),
         worker_settings("healthy"),
     );
     wait_until(
