@@ -50,21 +50,7 @@ pub fn providers(toml: &str, env: &[(&str, &str)]) -> Providers {
 
 /// `serve` flags for tests: ephemeral loopback ports, short deadlines.
 pub fn serve_args(db: &TestDatabase, mode: IngestMode) -> ServeArgs {
-    ServeArgs {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        metrics_listen: "127.0.0.1:0".parse().unwrap(),
-        config: "unused.toml".into(),
-        ingest_mode: mode,
-        max_batch: 256,
-        commit_writers: 4,
-        db_deadline: Duration::from_secs(3),
-        max_body_bytes: 1024 * 1024,
-        body_timeout: Duration::from_secs(2),
-        retry_after_secs: 1,
-        shutdown_timeout: Duration::from_secs(5),
-        http_workers: Some(2),
-        db: db.args(8),
-    }
+    serve_args_for_database(db.args(8), mode)
 }
 
 /// A receiver running in this process.
@@ -221,6 +207,18 @@ struct Count {
 pub async fn count(conn: &mut AsyncPgConnection, sql: &str) -> i64 {
     let rows: Vec<Count> = diesel::sql_query(sql).load(conn).await.unwrap();
     rows.iter().map(|row| row.n).sum()
+}
+
+/// Polls the one-bigint-column query `sql` (see [`count`]) until it returns `expected`;
+/// panics with `what` after `timeout`.
+pub async fn wait_for_count(
+    conn: &mut AsyncPgConnection,
+    what: &str,
+    sql: &str,
+    expected: i64,
+    timeout: Duration,
+) {
+    wait_until(what, timeout, async || count(conn, sql).await == expected).await;
 }
 
 /// Polls `condition` every 20 ms until it holds; panics with `what` after `timeout`.

@@ -51,17 +51,12 @@ async fn duplicates_yield_one_row_and_one_effect(mode: IngestMode) {
 
     let worker = RunningWorker::start(&db, demo_router(), worker_settings("w1"));
     let mut check = db.connect().await;
-    wait_until(
+    wait_for_count(
+        &mut check,
         "both events are done",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+        2,
         Duration::from_secs(20),
-        async || {
-            count(
-                &mut check,
-                "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
-            )
-            .await
-                == 2
-        },
     )
     .await;
     worker.stop().await;
@@ -144,17 +139,12 @@ async fn an_accepted_webhook_wakes_an_idle_worker_through_the_receivers_notifica
             .0,
         200
     );
-    wait_until(
+    wait_for_count(
+        &mut conn,
         "the first event is done",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+        1,
         Duration::from_secs(30),
-        async || {
-            count(
-                &mut conn,
-                "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
-            )
-            .await
-                == 1
-        },
     )
     .await;
     assert_eq!(
@@ -164,17 +154,12 @@ async fn an_accepted_webhook_wakes_an_idle_worker_through_the_receivers_notifica
             .0,
         200
     );
-    wait_until(
+    wait_for_count(
+        &mut conn,
         "the second event is done, long before any poll",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+        2,
         Duration::from_secs(30),
-        async || {
-            count(
-                &mut conn,
-                "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
-            )
-            .await
-                == 2
-        },
     )
     .await;
     worker.stop().await;

@@ -97,9 +97,13 @@ async fn a_stalled_worker_whose_lease_was_taken_over_produces_no_second_effect()
         stalled,
     );
     let mut conn = db.connect().await;
-    wait_until("the stalled worker holds the event", Duration::from_secs(10), async || {
-        count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox WHERE status = 1 AND locked_by = 'stalled'").await == 1
-    })
+    wait_for_count(
+        &mut conn,
+        "the stalled worker holds the event",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 1 AND locked_by = 'stalled'",
+        1,
+        Duration::from_secs(10),
+    )
     .await;
 
     // A healthy worker rescues the expired lease and processes the event, slowly enough that
@@ -158,17 +162,12 @@ async fn four_workers_with_random_failures_give_each_of_10000_events_exactly_one
         })
         .collect();
     let mut conn = db.connect().await;
-    wait_until(
+    wait_for_count(
+        &mut conn,
         "all 10,000 events are done",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+        10_000,
         Duration::from_secs(240),
-        async || {
-            count(
-                &mut conn,
-                "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
-            )
-            .await
-                == 10_000
-        },
     )
     .await;
     let retries: u64 = workers
@@ -234,14 +233,13 @@ async fn a_replayed_dead_event_is_processed_once_more() {
     );
     let worker = RunningWorker::start(&db, router, worker_settings("w1"));
     let mut conn = db.connect().await;
-    wait_until("the event is dead", Duration::from_secs(10), async || {
-        count(
-            &mut conn,
-            "SELECT count(*) AS n FROM webhook_inbox WHERE status = 3 AND attempt = 1",
-        )
-        .await
-            == 1
-    })
+    wait_for_count(
+        &mut conn,
+        "the event is dead",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 3 AND attempt = 1",
+        1,
+        Duration::from_secs(10),
+    )
     .await;
     assert_eq!(
         count(&mut conn, "SELECT count(*) AS n FROM demo_ledger").await,
@@ -262,17 +260,12 @@ async fn a_replayed_dead_event_is_processed_once_more() {
             .unwrap(),
         1
     );
-    wait_until(
+    wait_for_count(
+        &mut conn,
         "the replayed event is done",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+        1,
         Duration::from_secs(10),
-        async || {
-            count(
-                &mut conn,
-                "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
-            )
-            .await
-                == 1
-        },
     )
     .await;
     worker.stop().await;
@@ -305,14 +298,13 @@ async fn an_event_no_route_matches_is_completed_as_ignored() {
     let router = Router::new().route(Some("github"), None, Arc::new(worker::demo::DemoLedger));
     let worker = RunningWorker::start(&db, router, worker_settings("w1"));
     let mut conn = db.connect().await;
-    wait_until("the event is done", Duration::from_secs(10), async || {
-        count(
-            &mut conn,
-            "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
-        )
-        .await
-            == 1
-    })
+    wait_for_count(
+        &mut conn,
+        "the event is done",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+        1,
+        Duration::from_secs(10),
+    )
     .await;
     let ignored = worker
         .metrics
@@ -342,17 +334,12 @@ async fn a_new_event_wakes_an_idle_worker_without_waiting_for_the_poll() {
     inbox_core::inbox::notify_new_events(&mut conn)
         .await
         .unwrap();
-    wait_until(
+    wait_for_count(
+        &mut conn,
         "the first event is done",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+        1,
         Duration::from_secs(30),
-        async || {
-            count(
-                &mut conn,
-                "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
-            )
-            .await
-                == 1
-        },
     )
     .await;
     insert_events(&mut conn, &[event(2, "test.event")])
@@ -362,17 +349,12 @@ async fn a_new_event_wakes_an_idle_worker_without_waiting_for_the_poll() {
     inbox_core::inbox::notify_new_events(&mut conn)
         .await
         .unwrap();
-    wait_until(
+    wait_for_count(
+        &mut conn,
         "the second event is done, long before any poll",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+        2,
         Duration::from_secs(30),
-        async || {
-            count(
-                &mut conn,
-                "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
-            )
-            .await
-                == 2
-        },
     )
     .await;
     worker.stop().await;
@@ -427,17 +409,12 @@ async fn payment_events_reach_the_same_state_in_either_order_and_each_refund_cou
     let mut settings = worker_settings("w1");
     settings.concurrency = 1;
     let worker = RunningWorker::start(&db, demo_router(), settings);
-    wait_until(
+    wait_for_count(
+        &mut conn,
         "the first events are done",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+        5,
         Duration::from_secs(20),
-        async || {
-            count(
-                &mut conn,
-                "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
-            )
-            .await
-                == 5
-        },
     )
     .await;
     insert_events(
@@ -452,14 +429,13 @@ async fn payment_events_reach_the_same_state_in_either_order_and_each_refund_cou
     )
     .await
     .unwrap();
-    wait_until("all events are done", Duration::from_secs(20), async || {
-        count(
-            &mut conn,
-            "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
-        )
-        .await
-            == 7
-    })
+    wait_for_count(
+        &mut conn,
+        "all events are done",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+        7,
+        Duration::from_secs(20),
+    )
     .await;
     worker.stop().await;
 
@@ -518,17 +494,12 @@ async fn in_a_shared_transaction_a_failing_event_undoes_only_its_own_writes() {
     let router = Router::new().route(None, None, Arc::new(SometimesFailsInBatches));
     let worker = RunningWorker::start(&db, router, settings);
     let mut conn = db.connect().await;
-    wait_until(
+    wait_for_count(
+        &mut conn,
         "every event is done or dead",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status IN (2, 3)",
+        300,
         Duration::from_secs(30),
-        async || {
-            count(
-                &mut conn,
-                "SELECT count(*) AS n FROM webhook_inbox WHERE status IN (2, 3)",
-            )
-            .await
-                == 300
-        },
     )
     .await;
     worker.stop().await;

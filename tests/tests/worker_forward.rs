@@ -114,10 +114,7 @@ async fn forwarded_events_carry_the_exact_body_and_an_idempotency_key_and_retry_
     .await
     .unwrap();
     let worker = RunningWorker::start(&db, router, worker_settings("w1"));
-    wait_until("one event done and one dead", Duration::from_secs(30), async || {
-        count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox WHERE (event_id = 'evt_flaky' AND status = 2) OR (event_id = 'evt_rejected' AND status = 3)").await == 2
-    })
-    .await;
+    wait_for_count(&mut conn, "one event done and one dead", "SELECT count(*) AS n FROM webhook_inbox WHERE (event_id = 'evt_flaky' AND status = 2) OR (event_id = 'evt_rejected' AND status = 3)", 2, Duration::from_secs(30)).await;
     worker.stop().await;
     handle.stop(true).await;
 

@@ -47,14 +47,13 @@ async fn a_failing_handler_is_retried_then_dead_lettered() {
     let router = Router::new().route(None, None, Arc::new(AlwaysFails));
     let worker = RunningWorker::start(&db, router, worker_settings("w1"));
     let mut conn = db.connect().await;
-    wait_until("the event is dead", Duration::from_secs(20), async || {
-        count(
-            &mut conn,
-            "SELECT count(*) AS n FROM webhook_inbox WHERE status = 3",
-        )
-        .await
-            == 1
-    })
+    wait_for_count(
+        &mut conn,
+        "the event is dead",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 3",
+        1,
+        Duration::from_secs(20),
+    )
     .await;
     let metrics = worker.metrics.render();
     worker.stop().await;
@@ -87,17 +86,12 @@ async fn two_workers_draining_2000_events_process_each_exactly_once() {
     let first = RunningWorker::start(&db, demo_router(), worker_settings("w1"));
     let second = RunningWorker::start(&db, demo_router(), worker_settings("w2"));
     let mut conn = db.connect().await;
-    wait_until(
+    wait_for_count(
+        &mut conn,
         "all 2,000 events are done",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+        2_000,
         Duration::from_secs(120),
-        async || {
-            count(
-                &mut conn,
-                "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
-            )
-            .await
-                == 2_000
-        },
     )
     .await;
     first.stop().await;

@@ -6,7 +6,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use inbox_core::inbox::{insert_events, NewEvent};
-use inbox_tests::{count, wait_until};
+use inbox_tests::{count, wait_for_count, wait_until};
 use test_db::TestDatabase;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_worker");
@@ -132,17 +132,12 @@ async fn sigterm_mid_batch_loses_nothing_and_processes_nothing_twice() {
     );
 
     let second = run_worker(&db);
-    wait_until(
+    wait_for_count(
+        &mut conn,
         "a second worker finishes the rest",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+        5_000,
         Duration::from_secs(120),
-        async || {
-            count(
-                &mut conn,
-                "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
-            )
-            .await
-                == 5_000
-        },
     )
     .await;
     sigterm(&second);
@@ -196,17 +191,12 @@ async fn operator_commands_show_the_backlog_list_replay_and_purge() {
 
     // Process them: the two poison events are dead-lettered.
     let child = run_worker(&db);
-    wait_until(
+    wait_for_count(
+        &mut conn,
         "one done and two dead",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status IN (2, 3)",
+        3,
         Duration::from_secs(30),
-        async || {
-            count(
-                &mut conn,
-                "SELECT count(*) AS n FROM webhook_inbox WHERE status IN (2, 3)",
-            )
-            .await
-                == 3
-        },
     )
     .await;
     sigterm(&child);
