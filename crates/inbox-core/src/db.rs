@@ -74,6 +74,30 @@ impl DatabaseArgs {
     }
 }
 
+/// Flags of the `migrate` subcommand both binaries offer.
+#[derive(Clone, clap::Args)]
+pub struct MigrateArgs {
+    /// PostgreSQL connection URL.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+}
+
+impl std::fmt::Debug for MigrateArgs {
+    // The URL may carry a password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MigrateArgs").finish_non_exhaustive()
+    }
+}
+
+impl MigrateArgs {
+    /// Applies the pending migrations and logs which.
+    pub async fn run(&self) -> Result<(), DbSetupError> {
+        let applied = run_migrations(&self.database_url).await?;
+        tracing::info!(applied = applied.len(), versions = ?applied, "migrations complete");
+        Ok(())
+    }
+}
+
 /// Applies every pending migration, holding an advisory lock so that replicas starting
 /// together migrate one at a time. Returns the versions applied.
 ///

@@ -33,11 +33,7 @@ enum Command {
     #[command(after_help = PROVIDER_FILE_HELP)]
     Serve(Box<ServeArgs>),
     /// Apply pending database migrations, then exit.
-    Migrate {
-        /// PostgreSQL connection URL.
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-        database_url: String,
-    },
+    Migrate(inbox_core::db::MigrateArgs),
     /// Print the headers a provider would send for a body, signed with its first secret
     /// (one `Name: value` line each), to test a deployment by hand.
     Sign {
@@ -69,13 +65,7 @@ async fn main() -> anyhow::Result<()> {
     cli.log.init();
     match cli.command {
         Command::Serve(args) => serve(*args).await,
-        Command::Migrate { database_url } => {
-            let applied = inbox_core::db::run_migrations(&database_url)
-                .await
-                .context("migrating the database")?;
-            tracing::info!(applied = applied.len(), versions = ?applied, "migrations complete");
-            Ok(())
-        }
+        Command::Migrate(args) => args.run().await.context("migrating the database"),
         Command::Sign {
             config,
             provider,

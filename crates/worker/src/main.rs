@@ -46,11 +46,7 @@ enum Command {
     /// Process events until SIGTERM or SIGINT.
     Run(Box<RunArgs>),
     /// Apply pending database migrations, then exit.
-    Migrate {
-        /// PostgreSQL connection URL.
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-        database_url: String,
-    },
+    Migrate(inbox_core::db::MigrateArgs),
     /// Operator commands (stats, list, show, replay, purge).
     #[command(flatten)]
     Operator(operator::OperatorCommand),
@@ -128,13 +124,7 @@ async fn main() -> anyhow::Result<()> {
     cli.log.init();
     match cli.command {
         Command::Run(args) => run(*args).await,
-        Command::Migrate { database_url } => {
-            let applied = inbox_core::db::run_migrations(&database_url)
-                .await
-                .context("migrating the database")?;
-            tracing::info!(applied = applied.len(), versions = ?applied, "migrations complete");
-            Ok(())
-        }
+        Command::Migrate(args) => args.run().await.context("migrating the database"),
         Command::Operator(command) => command.run().await,
     }
 }
