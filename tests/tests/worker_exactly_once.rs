@@ -502,6 +502,7 @@ async fn in_a_shared_transaction_a_failing_event_undoes_only_its_own_writes() {
         Duration::from_secs(30),
     )
     .await;
+    let reruns = worker.metrics.savepoint_reruns.get();
     worker.stop().await;
 
     // evt_0..evt_299: multiples of 10 are rejected, other multiples of 15 panic (twice: dead).
@@ -534,5 +535,11 @@ async fn in_a_shared_transaction_a_failing_event_undoes_only_its_own_writes() {
     assert_eq!(
         count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox WHERE status = 3 AND last_error LIKE '%panicked%'").await,
         (0..300).filter(|n| n % 15 == 0 && n % 10 != 0).count() as i64
+    );
+    // Every transaction first runs without savepoints; those with a failing event roll back
+    // and run again with one savepoint per event.
+    assert!(
+        reruns > 0,
+        "failing events forced savepoint reruns (got {reruns})"
     );
 }

@@ -86,10 +86,15 @@ pub trait Handler: Send + Sync + 'static {
         tx: &mut AsyncPgConnection,
     ) -> Result<Handled, HandlerError>;
 
-    /// Whether several events may share one transaction, each in its own savepoint. True
-    /// only for handlers that work in the database alone and return quickly: a transaction
-    /// runs its events one after another, so a handler that waits on the network must
-    /// return false (the default) and gets a transaction per event.
+    /// Whether several events may share one transaction. True only for handlers that work
+    /// in the database alone and return quickly: a transaction runs its events one after
+    /// another, so a handler that waits on the network must return false (the default) and
+    /// gets a transaction per event.
+    ///
+    /// A shared transaction first runs its events without savepoints; when one fails, it
+    /// rolls back and runs them all again, each in its own savepoint. A batchable handler
+    /// may therefore run twice in one attempt, the first run rolled back: another reason it
+    /// must have no effect outside the transaction.
     fn batchable(&self) -> bool {
         false
     }

@@ -75,9 +75,10 @@ struct RunArgs {
     /// keep running.
     #[arg(long, env = "WORKER_CLAIMERS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     claimers: u16,
-    /// Most events sharing one transaction (each in its own savepoint), for handlers that
-    /// work in the database alone (the demo handler, unrouted events); others get a
-    /// transaction per event. At most 64: PostgreSQL tracks up to 64 subtransactions per
+    /// Most events sharing one transaction, for handlers that work in the database alone
+    /// (the demo handler, unrouted events); others get a transaction per event. When one of
+    /// its events fails, the transaction runs again with a savepoint per event, so the failure
+    /// undoes only its own writes. At most 64: PostgreSQL tracks up to 64 subtransactions per
     /// transaction cheaply, and each savepoint that writes is one.
     #[arg(long, env = "WORKER_TRANSACTION_SIZE", default_value_t = 25, value_parser = clap::value_parser!(u16).range(1..=64))]
     transaction_size: u16,

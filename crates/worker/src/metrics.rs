@@ -16,6 +16,9 @@ pub struct Metrics {
     pub handler_duration: HistogramVec,
     /// `inbox_worker_lease_lost_total`: completions refused because the lease had been lost.
     pub lease_lost: IntCounter,
+    /// `inbox_worker_savepoint_reruns_total`: shared transactions rolled back by a failing
+    /// handler and run again with a savepoint per event.
+    pub savepoint_reruns: IntCounter,
     /// `inbox_worker_rescued_total{to}`: expired leases returned to ready or dead-lettered.
     pub rescued: IntCounterVec,
     /// `inbox_backlog_ready`: events waiting, due now or later.
@@ -72,6 +75,11 @@ impl Metrics {
             "Completions refused because the lease had expired and been taken over.",
         )
         .unwrap_or_else(|err| panic!("{err}"));
+        let savepoint_reruns = IntCounter::new(
+            "worker_savepoint_reruns_total",
+            "Shared transactions rolled back by a failing handler and run again with a savepoint per event.",
+        )
+        .unwrap_or_else(|err| panic!("{err}"));
         let rescued = IntCounterVec::new(
             Opts::new(
                 "worker_rescued_total",
@@ -116,6 +124,7 @@ impl Metrics {
             events: register(&registry, events),
             handler_duration: register(&registry, handler_duration),
             lease_lost: register(&registry, lease_lost),
+            savepoint_reruns: register(&registry, savepoint_reruns),
             rescued: register(&registry, rescued),
             registry,
         }
