@@ -6,12 +6,12 @@
 //! never ignored. A worker whose lease expired and was taken over can therefore never
 //! complete, retry or dead-letter a row it no longer owns.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{Array, BigInt, Bool, Bytea, Integer, Jsonb, Nullable, SmallInt, Text};
+use diesel::sql_types::{Array, BigInt, Bytea, Integer, Jsonb, Nullable, SmallInt, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
@@ -46,30 +46,41 @@ pub enum InsertOutcome {
     Accepted,
     /// A row with the same `(provider, event_id)` already existed.
     Duplicate {
-        /// Whether the stored body had the same SHA-256; `None` when the stored row was not
-        /// visible to compare (it was committed concurrently with this insert).
+        /// Whether the stored body had the same SHA-256; `None` when the stored row was gone
+        /// (purged) by the time it was read.
         same_body: Option<bool>,
     },
 }
 
 #[derive(QueryableByName)]
-struct InsertRow {
-    #[diesel(sql_type = BigInt)]
-    ord: i64,
-    #[diesel(sql_type = Bool)]
-    inserted: bool,
-    #[diesel(sql_type = Nullable<Bytea>)]
-    existing_sha256: Option<Vec<u8>>,
+struct InsertedKey {
+    #[diesel(sql_type = Text)]
+    provider: String,
+    #[diesel(sql_type = Text)]
+    event_id: String,
+}
+
+#[derive(QueryableByName)]
+struct StoredHash {
+    #[diesel(sql_type = Text)]
+    provider: String,
+    #[diesel(sql_type = Text)]
+    event_id: String,
+    #[diesel(sql_type = Bytea)]
+    body_sha256: Vec<u8>,
 }
 
 /// Stores a batch of events in one statement, so one commit serves them all:
 /// `INSERT ... ON CONFLICT (provider, event_id) DO NOTHING`. Duplicates within the batch are
 /// folded before the insert. Returns one outcome per input event, in input order.
 ///
-/// Runs as one implicit transaction: every outcome is durable when this returns `Ok`. It does
-/// not wake the workers: see [`notify_new_events`], sent after the commit, because a `NOTIFY`
-/// inside this transaction would serialise every ingest commit on PostgreSQL's notification
-/// queue lock.
+/// The insert is one implicit transaction: every outcome is durable when this returns `Ok`.
+/// Only when some events were duplicates does a second statement read the stored rows' body
+/// hashes, to tell a faithful redelivery from one whose body differs.
+///
+/// It does not wake the workers: see [`notify_new_events`], sent after the commit, because a
+/// `NOTIFY` inside this transaction would serialise every ingest commit on PostgreSQL's
+/// notification queue lock.
 pub async fn insert_events(
     conn: &mut AsyncPgConnection,
     events: &[NewEvent],
@@ -85,15 +96,15 @@ pub async fn insert_events(
                 index
             });
     }
+    // In key order, so that concurrent batches sharing keys (a provider's retries racing)
+    // take their unique-index locks in the same order and cannot deadlock.
+    unique.sort_unstable_by_key(|&i| (events[i].provider.as_str(), events[i].event_id.as_str()));
 
-    let providers: Vec<&str> = unique
-        .iter()
-        .map(|&i| events[i].provider.as_str())
-        .collect();
-    let event_ids: Vec<&str> = unique
-        .iter()
-        .map(|&i| events[i].event_id.as_str())
-        .collect();
+    let column = |field: fn(&NewEvent) -> &str| -> Vec<&str> {
+        unique.iter().map(|&i| field(&events[i])).collect()
+    };
+    let providers = column(|event| &event.provider);
+    let event_ids = column(|event| &event.event_id);
     let event_types: Vec<Option<&str>> = unique
         .iter()
         .map(|&i| events[i].event_type.as_deref())
@@ -105,77 +116,91 @@ pub async fn insert_events(
         .map(|&i| events[i].body_sha256.as_slice())
         .collect();
 
-    // One statement, so the batch costs one round trip and one commit. The final SELECT reads
-    // the statement's snapshot, which holds the pre-existing rows but not the new ones.
-    //
-    // Planned at every execution on purpose: prepared, PostgreSQL soon switches this statement
-    // to a generic plan that does not know the arrays' sizes, and ingest fell from about 8,000
-    // to under 3,000 events/s in `make bench`.
-    let rows: Vec<InsertRow> = diesel::sql_query(
-        "WITH input AS ( \
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::bytea[], $6::bytea[]) \
-                 WITH ORDINALITY AS t(provider, event_id, event_type, headers, body, body_sha256, ord) \
-         ), inserted AS ( \
-             INSERT INTO webhook_inbox (provider, event_id, event_type, headers, body, body_sha256) \
-             SELECT provider, event_id, event_type, headers, body, body_sha256 FROM input ORDER BY ord \
-             ON CONFLICT (provider, event_id) DO NOTHING \
-             RETURNING provider, event_id \
-         ) \
-         SELECT input.ord AS ord, inserted.event_id IS NOT NULL AS inserted, existing.body_sha256 AS existing_sha256 \
-         FROM input \
-         LEFT JOIN inserted ON inserted.provider = input.provider AND inserted.event_id = input.event_id \
-         LEFT JOIN webhook_inbox AS existing ON existing.provider = input.provider AND existing.event_id = input.event_id",
+    // Prepared once per connection: its plan (a function scan feeding the insert) is the same
+    // whatever the arrays' sizes, so the generic plan PostgreSQL settles on is the right one.
+    let inserted: Vec<InsertedKey> = cached_sql(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, headers, body, body_sha256) \
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::bytea[], $6::bytea[]) \
+         ON CONFLICT (provider, event_id) DO NOTHING \
+         RETURNING provider, event_id",
+        (
+            bind::<Array<Text>, _>(&providers),
+            bind::<Array<Text>, _>(&event_ids),
+            bind::<Array<Nullable<Text>>, _>(&event_types),
+            bind::<Array<Jsonb>, _>(&headers),
+            bind::<Array<Bytea>, _>(&bodies),
+            bind::<Array<Bytea>, _>(&hashes),
+        ),
     )
-    .bind::<Array<Text>, _>(&providers)
-    .bind::<Array<Text>, _>(&event_ids)
-    .bind::<Array<Nullable<Text>>, _>(&event_types)
-    .bind::<Array<Jsonb>, _>(&headers)
-    .bind::<Array<Bytea>, _>(&bodies)
-    .bind::<Array<Bytea>, _>(&hashes)
     .load(conn)
     .await?;
+    let inserted: HashSet<(&str, &str)> = inserted
+        .iter()
+        .map(|key| (key.provider.as_str(), key.event_id.as_str()))
+        .collect();
 
-    let mut unique_outcomes: HashMap<usize, InsertOutcome> = HashMap::with_capacity(rows.len());
-    for row in rows {
-        // `ord` is 1-based over `unique`.
-        let Some(&index) = usize::try_from(row.ord - 1)
-            .ok()
-            .and_then(|position| unique.get(position))
-        else {
-            return Err(diesel::result::Error::DeserializationError(
-                format!("insert returned an unknown ordinal {}", row.ord).into(),
-            ));
-        };
-        let outcome = if row.inserted {
-            InsertOutcome::Accepted
-        } else {
-            InsertOutcome::Duplicate {
-                same_body: row
-                    .existing_sha256
-                    .map(|stored| stored == events[index].body_sha256),
-            }
-        };
-        unique_outcomes.insert(index, outcome);
-    }
+    let duplicates: Vec<usize> = unique
+        .iter()
+        .copied()
+        .filter(|&i| {
+            !inserted.contains(&(events[i].provider.as_str(), events[i].event_id.as_str()))
+        })
+        .collect();
+    let stored_hashes = if duplicates.is_empty() {
+        Vec::new()
+    } else {
+        let providers: Vec<&str> = duplicates
+            .iter()
+            .map(|&i| events[i].provider.as_str())
+            .collect();
+        let event_ids: Vec<&str> = duplicates
+            .iter()
+            .map(|&i| events[i].event_id.as_str())
+            .collect();
+        cached_sql(
+            "SELECT inbox.provider, inbox.event_id, inbox.body_sha256 \
+             FROM unnest($1::text[], $2::text[]) AS input(provider, event_id) \
+             JOIN webhook_inbox AS inbox USING (provider, event_id)",
+            (
+                bind::<Array<Text>, _>(&providers),
+                bind::<Array<Text>, _>(&event_ids),
+            ),
+        )
+        .load::<StoredHash>(conn)
+        .await?
+    };
+    let stored_hashes: HashMap<(&str, &str), &[u8]> = stored_hashes
+        .iter()
+        .map(|row| {
+            (
+                (row.provider.as_str(), row.event_id.as_str()),
+                row.body_sha256.as_slice(),
+            )
+        })
+        .collect();
 
-    events
+    Ok(events
         .iter()
         .enumerate()
         .map(|(index, event)| {
-            let first = first_of_key[&(event.provider.as_str(), event.event_id.as_str())];
-            if first == index {
-                unique_outcomes.get(&index).copied().ok_or_else(|| {
-                    diesel::result::Error::DeserializationError(
-                        format!("insert returned no outcome for event #{index}").into(),
-                    )
-                })
+            let key = (event.provider.as_str(), event.event_id.as_str());
+            let first = first_of_key[&key];
+            if first == index && inserted.contains(&key) {
+                InsertOutcome::Accepted
+            } else if first == index {
+                InsertOutcome::Duplicate {
+                    // Gone again (purged) between the insert and the read: unknown.
+                    same_body: stored_hashes
+                        .get(&key)
+                        .map(|&stored| stored == event.body_sha256),
+                }
             } else {
-                Ok(InsertOutcome::Duplicate {
+                InsertOutcome::Duplicate {
                     same_body: Some(events[first].body_sha256 == event.body_sha256),
-                })
+                }
             }
         })
-        .collect()
+        .collect())
 }
 
 /// Wakes the workers that `LISTEN` on [`crate::NOTIFY_CHANNEL`]: new events are committed.

@@ -6,8 +6,9 @@
 //! binds, and lets diesel cache the prepared statement by that text.
 //!
 //! Not for a statement whose good plan depends on its values: after five executions
-//! PostgreSQL may settle on a generic plan (the ingest statement, whose array sizes matter,
-//! stays unprepared for that reason).
+//! PostgreSQL may settle on a generic plan, blind to them. A statement over arrays of any
+//! size needs one plan good for every size (the ingest insert: a function scan feeding the
+//! insert, nothing joined).
 
 use std::marker::PhantomData;
 
