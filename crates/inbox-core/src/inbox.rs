@@ -253,6 +253,12 @@ pub struct Claim {
 /// Locks: the rows are selected `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on
 /// each other nor take the same row; the locks end when the statement's transaction commits,
 /// right away. The lease, not a row lock, protects the row while the handler runs.
+///
+/// The due ids are collected into an array first, evaluated once, and the rows updated by
+/// primary key. Joined to a subquery (or to a materialized CTE) instead, the statement has a
+/// generic plan that scans the whole table, done rows included, because the planner cannot
+/// see the `LIMIT`: should PostgreSQL switch the prepared statement to that plan, claims
+/// would slow down as the table grows.
 pub async fn claim_due(
     conn: &mut AsyncPgConnection,
     worker_name: &str,
@@ -264,14 +270,13 @@ pub async fn claim_due(
         "UPDATE webhook_inbox AS inbox \
          SET status = 1, attempt = inbox.attempt + 1, lease_token = $1, locked_by = $2, \
              locked_until = now() + $3 * interval '1 millisecond' \
-         FROM ( \
+         WHERE inbox.id = ANY(ARRAY( \
              SELECT id FROM webhook_inbox \
              WHERE status = 0 AND next_attempt_at <= now() \
              ORDER BY next_attempt_at \
              LIMIT $4 \
              FOR UPDATE SKIP LOCKED \
-         ) AS due \
-         WHERE inbox.id = due.id \
+         )) \
          RETURNING inbox.id, inbox.provider, inbox.event_id, inbox.event_type, inbox.received_at, \
                    inbox.headers, inbox.body, inbox.attempt",
         (
