@@ -68,7 +68,8 @@ w(f"| drain, no-op handler >= 0.8x claim+complete ceiling | {noop:,.0f}/s vs {ce
   + verdict(ceiling_claim and noop >= 0.8 * ceiling_claim, f"{noop / ceiling_claim if ceiling_claim else 0:.2f}x") + " |")
 w(f"| drain, demo in-transaction handler >= 8,000/s | {demo:,.0f}/s | " + verdict(demo >= 8000, f"{demo:,.0f}/s") + " |")
 w(f"| end to end at 1,000/s: p50 < 5 ms, p99 < 50 ms | p50 {e2e.get('p50_ms', 0):.2f} ms, p99 {e2e.get('p99_ms', 0):.2f} ms | "
-  + verdict(e2e.get("p50_ms", 1e9) < 5 and e2e.get("p99_ms", 1e9) < 50, "") + " |")
+  + verdict(e2e.get("p50_ms", 1e9) < 5 and e2e.get("p99_ms", 1e9) < 50,
+            f"p50 {e2e.get('p50_ms', 0):.2f} ms, p99 {e2e.get('p99_ms', 0):.2f} ms") + " |")
 w(f"| each binary < 64 MiB RSS | " + ", ".join(f"{k}: {v:.1f} MiB" for k, v in peak.items()) + " | "
   + verdict(all(v < 64 for v in peak.values()), f"max {max(peak.values(), default=0):.1f} MiB") + " |")
 w("")

@@ -306,6 +306,7 @@ async fn hand_written_hot_statements_are_prepared_once_per_connection() {
         assert_eq!(rows.iter().map(|r| r.n).collect::<Vec<_>>(), [a + b]);
     }
     inbox::insert_events(&mut conn, &events(5)).await.unwrap();
+    inbox::insert_events(&mut conn, &events(6)).await.unwrap();
     let claim = inbox::claim_due(&mut conn, "a", LEASE, 5).await.unwrap();
     let ids: Vec<i64> = claim.events.iter().map(|e| e.id).collect();
     inbox::complete_all(&mut conn, &ids[..2], claim.lease_token)
@@ -332,7 +333,84 @@ async fn hand_written_hot_statements_are_prepared_once_per_connection() {
         "the completion is prepared too"
     );
     assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE 'INSERT INTO webhook_inbox %'").await,
+        1,
+        "so is the ingest insert, whatever the batch size"
+    );
+    assert_eq!(
         count(&mut conn, "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE '%uncached_' || 'probe%'").await,
         0
+    );
+}
+
+#[derive(diesel::QueryableByName)]
+struct PlanLine {
+    #[diesel(sql_type = diesel::sql_types::Text, column_name = "QUERY PLAN")]
+    line: String,
+}
+
+#[derive(diesel::QueryableByName)]
+struct StatementName {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    name: String,
+}
+
+/// The claim is prepared, so PostgreSQL may switch it to a generic plan, blind to its `LIMIT`.
+/// That plan must still read the claimed rows by primary key, never the whole table.
+#[tokio::test]
+async fn the_claims_generic_plan_reads_rows_by_primary_key() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    diesel::sql_query("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    inbox::insert_events(&mut conn, &events(5_000))
+        .await
+        .unwrap();
+    diesel::sql_query("ANALYZE webhook_inbox")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    inbox::claim_due(&mut conn, "a", LEASE, 10).await.unwrap();
+    let names: Vec<StatementName> = diesel::sql_query(
+        "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'UPDATE webhook_inbox AS inbox%'",
+    )
+    .load(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(names.len(), 1, "the claim is a prepared statement");
+    let plan: Vec<PlanLine> = diesel::sql_query(format!(
+        "EXPLAIN EXECUTE {}('00000000-0000-0000-0000-000000000000', 'probe', 1000, 10)",
+        names[0].name
+    ))
+    .load(&mut conn)
+    .await
+    .unwrap();
+    let plan: Vec<&str> = plan.iter().map(|line| line.line.as_str()).collect();
+    assert!(
+        plan.iter()
+            .any(|line| line.contains("Index Scan using webhook_inbox_pkey")),
+        "{plan:#?}"
+    );
+    assert!(
+        !plan.iter().any(|line| line.contains("Seq Scan")),
+        "{plan:#?}"
+    );
+}
+
+/// The inbox's own autovacuum settings: it gathers two dead row versions per event.
+#[tokio::test]
+async fn the_inbox_is_vacuumed_after_one_percent_of_dead_rows() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM pg_class WHERE relname = 'webhook_inbox' \
+             AND reloptions @> ARRAY['autovacuum_vacuum_scale_factor=0.01', 'autovacuum_vacuum_cost_delay=0']"
+        )
+        .await,
+        1
     );
 }

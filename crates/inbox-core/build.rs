@@ -1,0 +1,5 @@
+//! `embed_migrations!` reads `migrations/` at compile time: rebuild when a migration changes.
+
+fn main() {
+    println!("cargo:rerun-if-changed=../../migrations");
+}
