@@ -476,6 +476,14 @@ impl Worker {
         events: &[Event],
         token: Uuid,
     ) -> Result<Vec<Outcome>, AttemptError> {
+        let unrouted = events.iter().all(|event| {
+            self.router
+                .handler_for(&event.provider, event.event_type.as_deref())
+                .is_none()
+        });
+        if unrouted {
+            return self.complete_unrouted(events, token).await;
+        }
         if events.len() == 1 {
             return self.run_events(events, token, Isolation::Transaction).await;
         }
@@ -486,6 +494,26 @@ impl Worker {
             }
             result => result,
         }
+    }
+
+    /// Completes events that no handler takes, as ignored: one statement, no transaction
+    /// around it, since there is no effect to commit with it.
+    async fn complete_unrouted(
+        &self,
+        events: &[Event],
+        token: Uuid,
+    ) -> Result<Vec<Outcome>, AttemptError> {
+        let mut conn = self
+            .pool
+            .get()
+            .await
+            .map_err(|err| AttemptError::NoConnection(err.to_string()))?;
+        let ids: Vec<i64> = events.iter().map(|event| event.id).collect();
+        inbox::complete_all(&mut conn, &ids, token).await?;
+        Ok(events
+            .iter()
+            .map(|_| Outcome::Done(Handled::Ignored))
+            .collect())
     }
 
     /// One transaction running the handlers of `events` and completing the ones that
