@@ -41,7 +41,7 @@ w(f"Machine: {machine.get('cpus')} CPUs ({machine.get('cpu_model')}), {machine.g
   f"synchronous_commit on); run {machine.get('date')}. Everything (load generator, receiver, worker, "
   "database) shares the same cores, so only ratios from this one run are meaningful.")
 w("")
-w(f"Settings: receiver `{settings.get('receiver', '')}` (otherwise defaults: group commit with 4 writers, "
+w(f"Settings: receiver `{settings.get('receiver', '')}` (otherwise defaults: group commit with 2 writers, "
   f"batches up to 256); worker `{settings.get('worker', '')}`; {settings.get('seconds_per_run')} s per measured run "
   "after a 2 s warm-up; PostgreSQL profile `bench` of `scripts/local-postgres`.")
 w("")

@@ -23,8 +23,10 @@ use crate::notifier::Notifier;
 
 /// Default largest number of events stored by one statement.
 pub const DEFAULT_MAX_BATCH: usize = 256;
-/// Default number of concurrent group-commit writers.
-pub const DEFAULT_WRITERS: usize = 4;
+/// Default number of concurrent group-commit writers: one writing while the other gathers
+/// the next batch. More writers mean smaller batches, so more statements and commits for the
+/// same load (see `bench/history.md`).
+pub const DEFAULT_WRITERS: usize = 2;
 /// Events that may wait for a writer before new requests are turned away with 503.
 const QUEUE_CAPACITY: usize = 8_192;
 

@@ -39,6 +39,8 @@ pub struct ServeArgs {
     #[arg(long, env = "RECEIVER_MAX_BATCH", default_value_t = DEFAULT_MAX_BATCH, value_parser = clap::value_parser!(u16).range(1..).map(usize::from))]
     pub max_batch: usize,
     /// Concurrent group-commit writers (each holds one database connection while writing).
+    /// Two keep one batch in flight while the next gathers; more help only when commits are
+    /// slow (remote storage) and the database has cores to spare.
     #[arg(long, env = "RECEIVER_COMMIT_WRITERS", default_value_t = DEFAULT_WRITERS, value_parser = clap::value_parser!(u16).range(1..).map(usize::from))]
     pub commit_writers: usize,
     /// Longest a request waits for its event to be committed; past it the answer is 503 and
