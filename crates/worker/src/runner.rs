@@ -379,29 +379,33 @@ impl Worker {
         }
     }
 
-    /// Splits claimed rows into transactions: events of batchable handlers (and events no
-    /// route matches) share transactions of up to `transaction_size`; every other event gets
-    /// one of its own.
+    /// Splits claimed rows into groups, each completed by one transaction: events no route
+    /// matches form one group (they need no more than their completion); events of batchable
+    /// handlers share groups of up to `transaction_size`; every other event is alone.
     fn groups(&self, rows: Vec<inbox::ClaimedEvent>) -> Vec<Vec<Event>> {
         let size = self.settings.transaction_size.max(1);
         let mut groups = Vec::new();
+        let mut unrouted: Vec<Event> = Vec::new();
         let mut shared: Vec<Event> = Vec::with_capacity(size);
         for event in rows.into_iter().map(Event::from) {
-            let batchable = self
+            match self
                 .router
                 .handler_for(&event.provider, event.event_type.as_deref())
-                .is_none_or(|handler| handler.batchable());
-            if !batchable {
-                groups.push(vec![event]);
-                continue;
-            }
-            shared.push(event);
-            if shared.len() == size {
-                groups.push(std::mem::replace(&mut shared, Vec::with_capacity(size)));
+            {
+                None => unrouted.push(event),
+                Some(handler) if handler.batchable() => {
+                    shared.push(event);
+                    if shared.len() == size {
+                        groups.push(std::mem::replace(&mut shared, Vec::with_capacity(size)));
+                    }
+                }
+                Some(_) => groups.push(vec![event]),
             }
         }
-        if !shared.is_empty() {
-            groups.push(shared);
+        for rest in [shared, unrouted] {
+            if !rest.is_empty() {
+                groups.push(rest);
+            }
         }
         groups
     }
