@@ -43,9 +43,10 @@ w(f"Machine: {machine.get('cpus')} CPUs ({machine.get('cpu_model')}), {machine.g
 w("")
 w(f"Settings: receiver `{settings.get('receiver', '')}` (otherwise defaults: group commit with 2 writers, "
   f"batches up to 256); worker `{settings.get('worker', '')}`; {settings.get('seconds_per_run')} s per measured run "
-  "after a 2 s warm-up; PostgreSQL profile `bench` of `scripts/local-postgres`.")
+  "after a 2 s warm-up; before every run the tables are emptied, vacuumed and checkpointed; PostgreSQL profile "
+  "`bench` of `scripts/local-postgres`.")
 w("")
-w("Reproduce: `make bench` (about 5 minutes once the release build is done; `BENCH_SECONDS`, `BENCH_CONCURRENCIES`, "
+w("Reproduce: `make bench` (about 4 minutes once the release build is done; `BENCH_SECONDS`, `BENCH_CONCURRENCIES`, "
   "`BENCH_DRAIN_EVENTS` shorten or lengthen it).")
 w("")
 w("## Targets")
