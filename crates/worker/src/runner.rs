@@ -35,7 +35,8 @@ pub struct WorkerSettings {
     pub batch_size: usize,
     /// Claim loops sharing the concurrency.
     pub claimers: usize,
-    /// Most events of batchable handlers sharing one transaction (each in its own savepoint).
+    /// Most events of batchable handlers sharing one transaction (a savepoint each only when
+    /// one of them fails).
     pub transaction_size: usize,
     /// Idle wait between claims when nothing is due (and no notification arrives).
     pub poll_interval: Duration,
@@ -80,15 +81,13 @@ enum AttemptError {
     NoConnection(String),
 }
 
-/// What keeps one event's failed writes from undoing the others' in a transaction.
+/// Whether the events of a transaction run in savepoints of their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Isolation {
-    /// The event is alone in its transaction.
-    Transaction,
-    /// Each event in its own savepoint.
-    Savepoint,
-    /// None: any failure rolls the whole transaction back.
+enum Savepoints {
+    /// No savepoints: any failure rolls the whole transaction back.
     None,
+    /// Each event in its own savepoint: a failure undoes only that event's writes.
+    PerEvent,
 }
 
 /// What one event's part of an attempt came to.
@@ -488,13 +487,11 @@ impl Worker {
         if unrouted {
             return self.complete_unrouted(events, token).await;
         }
-        if events.len() == 1 {
-            return self.run_events(events, token, Isolation::Transaction).await;
-        }
-        match self.run_events(events, token, Isolation::None).await {
-            Err(AttemptError::Handler(_)) => {
+        match self.run_events(events, token, Savepoints::None).await {
+            // Alone in its transaction, the event's failure is settled after the rollback.
+            Err(AttemptError::Handler(_)) if events.len() > 1 => {
                 self.metrics.savepoint_reruns.inc();
-                self.run_events(events, token, Isolation::Savepoint).await
+                self.run_events(events, token, Savepoints::PerEvent).await
             }
             result => result,
         }
@@ -526,7 +523,7 @@ impl Worker {
         &self,
         events: &[Event],
         token: Uuid,
-        isolation: Isolation,
+        savepoints: Savepoints,
     ) -> Result<Vec<Outcome>, AttemptError> {
         let mut conn = self
             .pool
@@ -542,7 +539,7 @@ impl Worker {
                     .handler_for(&event.provider, event.event_type.as_deref());
                 let outcome = match handler {
                     None => Outcome::Done(Handled::Ignored),
-                    Some(handler) if isolation == Isolation::Savepoint => {
+                    Some(handler) if savepoints == Savepoints::PerEvent => {
                         // A nested transaction is a savepoint.
                         match tx
                             .transaction::<_, AttemptError, _>(async |savepoint| {
@@ -557,8 +554,7 @@ impl Worker {
                             Err(other) => return Err(other),
                         }
                     }
-                    // Alone, or among others without savepoints: a failure rolls the
-                    // transaction back.
+                    // Without savepoints, a failure rolls the transaction back.
                     Some(handler) => {
                         Outcome::Done(self.run_handler(handler.as_ref(), event, tx).await?)
                     }
