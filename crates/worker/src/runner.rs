@@ -9,7 +9,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use diesel_async::AsyncConnection;
+use diesel_async::{AsyncConnection, AsyncPgConnection};
 use futures_util::FutureExt;
 use inbox_core::backoff::RetryDecision;
 use inbox_core::db::PgPool;
@@ -497,6 +497,19 @@ impl Worker {
         }
     }
 
+    /// A pooled connection for an attempt; none means the events are given back unstarted.
+    async fn attempt_connection(
+        &self,
+    ) -> Result<
+        diesel_async::pooled_connection::bb8::PooledConnection<'_, AsyncPgConnection>,
+        AttemptError,
+    > {
+        self.pool
+            .get()
+            .await
+            .map_err(|err| AttemptError::NoConnection(err.to_string()))
+    }
+
     /// Completes events that no handler takes, as ignored: one statement, no transaction
     /// around it, since there is no effect to commit with it.
     async fn complete_unrouted(
@@ -504,11 +517,7 @@ impl Worker {
         events: &[Event],
         token: Uuid,
     ) -> Result<Vec<Outcome>, AttemptError> {
-        let mut conn = self
-            .pool
-            .get()
-            .await
-            .map_err(|err| AttemptError::NoConnection(err.to_string()))?;
+        let mut conn = self.attempt_connection().await?;
         let ids: Vec<i64> = events.iter().map(|event| event.id).collect();
         inbox::complete_all(&mut conn, &ids, token).await?;
         Ok(events
@@ -525,11 +534,7 @@ impl Worker {
         token: Uuid,
         savepoints: Savepoints,
     ) -> Result<Vec<Outcome>, AttemptError> {
-        let mut conn = self
-            .pool
-            .get()
-            .await
-            .map_err(|err| AttemptError::NoConnection(err.to_string()))?;
+        let mut conn = self.attempt_connection().await?;
         conn.transaction::<_, AttemptError, _>(async |tx| {
             let mut outcomes = Vec::with_capacity(events.len());
             let mut completed = Vec::with_capacity(events.len());
@@ -575,7 +580,7 @@ impl Worker {
         &self,
         handler: &dyn crate::Handler,
         event: &Event,
-        tx: &mut diesel_async::AsyncPgConnection,
+        tx: &mut AsyncPgConnection,
     ) -> Result<Handled, HandlerError> {
         let timeout = self.settings.handler_timeout;
         let run = AssertUnwindSafe(handler.handle(event, tx)).catch_unwind();
