@@ -374,19 +374,17 @@ async fn steady(
         .map_err(|_| anyhow::anyhow!("poisoned"))?
         .clone();
     let answer_ms = |q: f64| latencies.value_at_quantile(q) as f64 / 1000.0;
+    let mut summary = serde_json::json!({
+        "rate": rate,
+        "seconds": duration.as_secs_f64(),
+        "acked": acks.len(),
+        "failed": AtomicU64::load(&failed, Ordering::Relaxed),
+        "answer_p50_ms": answer_ms(0.50),
+        "answer_p99_ms": answer_ms(0.99),
+        "answer_p999_ms": answer_ms(0.999),
+    });
     if !end_to_end {
-        println!(
-            "{}",
-            serde_json::json!({
-                "rate": rate,
-                "seconds": duration.as_secs_f64(),
-                "acked": acks.len(),
-                "failed": AtomicU64::load(&failed, Ordering::Relaxed),
-                "answer_p50_ms": answer_ms(0.50),
-                "answer_p99_ms": answer_ms(0.99),
-                "answer_p999_ms": answer_ms(0.999),
-            })
-        );
+        println!("{summary}");
         return Ok(());
     }
     let mut conn = AsyncPgConnection::establish(database_url).await?;
@@ -427,22 +425,19 @@ async fn steady(
         }
     }
     let ms = |q: f64| histogram.value_at_quantile(q) as f64 / 1000.0;
-    println!(
-        "{}",
-        serde_json::json!({
-            "rate": rate,
-            "seconds": duration.as_secs_f64(),
-            "acked": acks.len(),
-            "failed": AtomicU64::load(&failed, Ordering::Relaxed),
-            "processed": histogram.len(),
-            "committed_before_ack_seen": negative,
-            "answer_p50_ms": answer_ms(0.50),
-            "answer_p99_ms": answer_ms(0.99),
-            "p50_ms": ms(0.50),
-            "p99_ms": ms(0.99),
-            "max_ms": histogram.max() as f64 / 1000.0,
-        })
-    );
+    if let Some(fields) = summary.as_object_mut() {
+        fields.extend([
+            ("processed".to_owned(), histogram.len().into()),
+            ("committed_before_ack_seen".to_owned(), negative.into()),
+            ("p50_ms".to_owned(), ms(0.50).into()),
+            ("p99_ms".to_owned(), ms(0.99).into()),
+            (
+                "max_ms".to_owned(),
+                (histogram.max() as f64 / 1000.0).into(),
+            ),
+        ]);
+    }
+    println!("{summary}");
     Ok(())
 }
 

@@ -100,11 +100,7 @@ pub async fn insert_events(
     // take their unique-index locks in the same order and cannot deadlock.
     unique.sort_unstable_by_key(|&i| (events[i].provider.as_str(), events[i].event_id.as_str()));
 
-    let column = |field: fn(&NewEvent) -> &str| -> Vec<&str> {
-        unique.iter().map(|&i| field(&events[i])).collect()
-    };
-    let providers = column(|event| &event.provider);
-    let event_ids = column(|event| &event.event_id);
+    let (providers, event_ids) = key_columns(events, &unique);
     let event_types: Vec<Option<&str>> = unique
         .iter()
         .map(|&i| events[i].event_type.as_deref())
@@ -149,14 +145,7 @@ pub async fn insert_events(
     let stored_hashes = if duplicates.is_empty() {
         Vec::new()
     } else {
-        let providers: Vec<&str> = duplicates
-            .iter()
-            .map(|&i| events[i].provider.as_str())
-            .collect();
-        let event_ids: Vec<&str> = duplicates
-            .iter()
-            .map(|&i| events[i].event_id.as_str())
-            .collect();
+        let (providers, event_ids) = key_columns(events, &duplicates);
         cached_sql(
             "SELECT inbox.provider, inbox.event_id, inbox.body_sha256 \
              FROM unnest($1::text[], $2::text[]) AS input(provider, event_id) \
@@ -201,6 +190,14 @@ pub async fn insert_events(
             }
         })
         .collect())
+}
+
+/// The `provider` and `event_id` columns of the events at `indices`, to bind as arrays.
+fn key_columns<'e>(events: &'e [NewEvent], indices: &[usize]) -> (Vec<&'e str>, Vec<&'e str>) {
+    indices
+        .iter()
+        .map(|&i| (events[i].provider.as_str(), events[i].event_id.as_str()))
+        .unzip()
 }
 
 /// Wakes the workers that `LISTEN` on [`crate::NOTIFY_CHANNEL`]: new events are committed.
