@@ -9,6 +9,7 @@ use diesel::sql_types::{Array, BigInt, Double, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use crate::schema::webhook_inbox;
+use crate::statuses_sql;
 use crate::InboxStatus;
 
 /// The cheap backlog figures every worker exports as gauges. Reads only the ready,
@@ -34,15 +35,16 @@ pub struct Backlog {
 
 /// Reads the [`Backlog`].
 pub async fn backlog(conn: &mut AsyncPgConnection) -> QueryResult<Backlog> {
-    diesel::sql_query(
-        "SELECT count(*) FILTER (WHERE status = 0) AS ready, \
-                count(*) FILTER (WHERE status = 0 AND next_attempt_at <= now()) AS due, \
-                count(*) FILTER (WHERE status = 1) AS processing, \
-                count(*) FILTER (WHERE status = 3) AS dead, \
-                coalesce(extract(epoch FROM now() - min(received_at) FILTER (WHERE status IN (0, 1))), 0)::float8 \
+    diesel::sql_query(statuses_sql!(
+        "SELECT count(*) FILTER (WHERE status = {ready}) AS ready, \
+                count(*) FILTER (WHERE status = {ready} AND next_attempt_at <= now()) AS due, \
+                count(*) FILTER (WHERE status = {processing}) AS processing, \
+                count(*) FILTER (WHERE status = {dead}) AS dead, \
+                coalesce(extract(epoch FROM now() - min(received_at) \
+                    FILTER (WHERE status IN ({ready}, {processing}))), 0)::float8 \
                     AS oldest_unprocessed_age_seconds \
-         FROM webhook_inbox WHERE status IN (0, 1, 3)",
-    )
+         FROM webhook_inbox WHERE status IN ({ready}, {processing}, {dead})"
+    ))
     .get_result(conn)
     .await
 }
@@ -70,11 +72,11 @@ pub struct ErrorCount {
 
 /// The most frequent `last_error`s of ready and dead rows.
 pub async fn top_errors(conn: &mut AsyncPgConnection, limit: i64) -> QueryResult<Vec<ErrorCount>> {
-    diesel::sql_query(
+    diesel::sql_query(statuses_sql!(
         "SELECT left(last_error, 200) AS error, count(*) AS rows FROM webhook_inbox \
-         WHERE status IN (0, 3) AND last_error IS NOT NULL \
-         GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT $1",
-    )
+         WHERE status IN ({ready}, {dead}) AND last_error IS NOT NULL \
+         GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT $1"
+    ))
     .bind::<BigInt, _>(limit)
     .load(conn)
     .await
@@ -212,12 +214,12 @@ pub async fn replay_candidates(
 /// The event's `processed_events` record is not touched: a dead event never committed an
 /// effect, so none exists for it.
 pub async fn replay(conn: &mut AsyncPgConnection, ids: &[i64]) -> QueryResult<usize> {
-    diesel::sql_query(
+    diesel::sql_query(statuses_sql!(
         "UPDATE webhook_inbox \
-         SET status = 0, attempt = 0, next_attempt_at = now(), processed_at = NULL, \
+         SET status = {ready}, attempt = 0, next_attempt_at = now(), processed_at = NULL, \
              last_error = 'replayed by operator after: ' || coalesce(last_error, 'no error recorded') \
-         WHERE id = ANY($1) AND status = 3",
-    )
+         WHERE id = ANY($1) AND status = {dead}"
+    ))
     .bind::<Array<BigInt>, _>(ids)
     .execute(conn)
     .await
@@ -267,12 +269,12 @@ pub async fn purge_done(
     let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
     let mut purged = Purged::default();
     loop {
-        let deleted = diesel::sql_query(
+        let deleted = diesel::sql_query(statuses_sql!(
             "DELETE FROM webhook_inbox WHERE id IN ( \
                  SELECT id FROM webhook_inbox \
-                 WHERE status = 2 AND processed_at < now() - $1 * interval '1 millisecond' \
-                 ORDER BY id LIMIT $2)",
-        )
+                 WHERE status = {done} AND processed_at < now() - $1 * interval '1 millisecond' \
+                 ORDER BY id LIMIT $2)"
+        ))
         .bind::<BigInt, _>(retention_ms)
         .bind::<BigInt, _>(batch)
         .execute(conn)

@@ -9,6 +9,10 @@
 //! PostgreSQL may settle on a generic plan, blind to them. A statement over arrays of any
 //! size needs one plan good for every size (the ingest insert: a function scan feeding the
 //! insert, nothing joined).
+//!
+//! Row states are therefore not binds: a generic plan cannot prove that `status = $1` matches
+//! a partial index's `WHERE status = 0`. [`statuses_sql!`] writes them into the text instead,
+//! from [`InboxStatus`], once per process.
 
 use std::marker::PhantomData;
 
@@ -17,6 +21,32 @@ use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::serialize::ToSql;
 use diesel::sql_types::{HasSqlType, Untyped};
 use diesel::QueryResult;
+
+use crate::InboxStatus;
+
+/// `sql` with every `{ready}`, `{processing}`, `{done}` and `{dead}` replaced by that
+/// [`InboxStatus`]'s stored code. Other braces (a JSON literal `'{}'`) are left alone.
+pub fn with_statuses(sql: &str) -> String {
+    InboxStatus::ALL
+        .into_iter()
+        .fold(sql.to_owned(), |sql, status| {
+            sql.replace(
+                &format!("{{{}}}", status.as_str()),
+                &status.code().to_string(),
+            )
+        })
+}
+
+/// A `&'static str` of fixed SQL whose `{ready}`, `{processing}`, `{done}` and `{dead}` are
+/// the [`InboxStatus`] codes (see [`with_statuses`]), built once per process.
+#[macro_export]
+macro_rules! statuses_sql {
+    ($sql:expr) => {{
+        static SQL: ::std::sync::LazyLock<::std::string::String> =
+            ::std::sync::LazyLock::new(|| $crate::prepared::with_statuses($sql));
+        SQL.as_str()
+    }};
+}
 
 /// One bind value with its SQL type.
 #[derive(Debug)]
@@ -63,8 +93,11 @@ tuple_binds!(0: S0 V0, 1: S1 V1, 2: S2 V2);
 tuple_binds!(0: S0 V0, 1: S1 V1, 2: S2 V2, 3: S3 V3);
 tuple_binds!(0: S0 V0, 1: S1 V1, 2: S2 V2, 3: S3 V3, 4: S4 V4);
 tuple_binds!(0: S0 V0, 1: S1 V1, 2: S2 V2, 3: S3 V3, 4: S4 V4, 5: S5 V5);
+tuple_binds!(0: S0 V0, 1: S1 V1, 2: S2 V2, 3: S3 V3, 4: S4 V4, 5: S5 V5, 6: S6 V6);
+tuple_binds!(0: S0 V0, 1: S1 V1, 2: S2 V2, 3: S3 V3, 4: S4 V4, 5: S5 V5, 6: S6 V6, 7: S7 V7);
 
-/// Fixed SQL with placeholders `$1`, `$2`, ... each used once and in order, and its binds.
+/// Fixed SQL with placeholders `$1`, `$2`, ... and its binds, in placeholder order. A
+/// placeholder may appear more than once (its value is then sent once per use).
 /// Load rows with `QueryableByName` types, as with `sql_query`.
 #[derive(Debug)]
 pub struct CachedSql<B> {
@@ -80,15 +113,20 @@ pub fn cached_sql<B: Binds>(sql: &'static str, binds: B) -> CachedSql<B> {
 impl<B: Binds> QueryFragment<Pg> for CachedSql<B> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         let mut rest = self.sql;
-        let mut index = 0;
         while let Some(at) = rest.find('$') {
-            out.push_sql(&rest[..at]);
             let digits = rest[at + 1..]
                 .bytes()
                 .take_while(u8::is_ascii_digit)
                 .count();
-            self.binds.push(index, &mut out)?;
-            index += 1;
+            let number = rest[at + 1..at + 1 + digits].parse::<usize>().ok();
+            match number.and_then(|number| number.checked_sub(1)) {
+                Some(index) => {
+                    out.push_sql(&rest[..at]);
+                    self.binds.push(index, &mut out)?;
+                }
+                // Not a placeholder (a `$` in a literal): kept as written.
+                None => out.push_sql(&rest[..at + 1 + digits]),
+            }
             rest = &rest[at + 1 + digits..];
         }
         out.push_sql(rest);
@@ -104,4 +142,20 @@ impl<B> QueryId for CachedSql<B> {
 
 impl<B: Binds> Query for CachedSql<B> {
     type SqlType = Untyped;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_written_as_their_codes_and_other_braces_kept() {
+        assert_eq!(
+            with_statuses(
+                "status IN ({ready}, {processing}) AND s <> {done} OR s = {dead} AND h = '{}'"
+            ),
+            "status IN (0, 1) AND s <> 2 OR s = 3 AND h = '{}'"
+        );
+        assert_eq!(statuses_sql!("WHERE status = {dead}"), "WHERE status = 3");
+    }
 }

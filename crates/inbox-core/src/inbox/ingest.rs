@@ -1,0 +1,203 @@
+//! The receiver's side of the inbox: storing verified events, deduplicated by
+//! `(provider, event_id)`, and waking the workers once they are committed.
+
+use std::collections::{HashMap, HashSet};
+
+use diesel::prelude::*;
+use diesel::sql_types::{Array, Bytea, Jsonb, Nullable, Text};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+
+use crate::prepared::{bind, cached_sql};
+
+/// A verified webhook, ready to be stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    /// The configured provider name (the first half of the dedup key).
+    pub provider: String,
+    /// The provider's event id (the second half of the dedup key).
+    pub event_id: String,
+    /// The provider's event type, when it has one.
+    pub event_type: Option<String>,
+    /// The request headers to keep, as a JSON object of name to value.
+    pub headers: serde_json::Value,
+    /// The exact body bytes.
+    pub body: Vec<u8>,
+    /// SHA-256 of `body`.
+    pub body_sha256: [u8; 32],
+}
+
+/// What storing one event did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InsertOutcome {
+    /// A new row was committed.
+    Accepted,
+    /// A row with the same `(provider, event_id)` already existed.
+    Duplicate {
+        /// Whether the stored body had the same SHA-256; `None` when the stored row was gone
+        /// (purged) by the time it was read.
+        same_body: Option<bool>,
+    },
+}
+
+#[derive(QueryableByName)]
+struct InsertedKey {
+    #[diesel(sql_type = Text)]
+    provider: String,
+    #[diesel(sql_type = Text)]
+    event_id: String,
+}
+
+#[derive(QueryableByName)]
+struct StoredHash {
+    #[diesel(sql_type = Text)]
+    provider: String,
+    #[diesel(sql_type = Text)]
+    event_id: String,
+    #[diesel(sql_type = Bytea)]
+    body_sha256: Vec<u8>,
+}
+
+/// Stores a batch of events in one statement, so one commit serves them all:
+/// `INSERT ... ON CONFLICT (provider, event_id) DO NOTHING`. Duplicates within the batch are
+/// folded before the insert. Returns one outcome per input event, in input order.
+///
+/// The insert is one implicit transaction: every outcome is durable when this returns `Ok`.
+/// Only when some events were duplicates does a second statement read the stored rows' body
+/// hashes, to tell a faithful redelivery from one whose body differs.
+///
+/// It does not wake the workers: see [`notify_new_events`], sent after the commit, because a
+/// `NOTIFY` inside this transaction would serialise every ingest commit on PostgreSQL's
+/// notification queue lock.
+pub async fn insert_events(
+    conn: &mut AsyncPgConnection,
+    events: &[NewEvent],
+) -> QueryResult<Vec<InsertOutcome>> {
+    // Index of the first event with each key; later ones are duplicates of it.
+    let mut first_of_key: HashMap<(&str, &str), usize> = HashMap::with_capacity(events.len());
+    let mut unique: Vec<usize> = Vec::with_capacity(events.len());
+    for (index, event) in events.iter().enumerate() {
+        first_of_key
+            .entry((event.provider.as_str(), event.event_id.as_str()))
+            .or_insert_with(|| {
+                unique.push(index);
+                index
+            });
+    }
+    // In key order, so that concurrent batches sharing keys (a provider's retries racing)
+    // take their unique-index locks in the same order and cannot deadlock.
+    unique.sort_unstable_by_key(|&i| (events[i].provider.as_str(), events[i].event_id.as_str()));
+
+    let (providers, event_ids) = key_columns(events, &unique);
+    let event_types: Vec<Option<&str>> = unique
+        .iter()
+        .map(|&i| events[i].event_type.as_deref())
+        .collect();
+    let headers: Vec<&serde_json::Value> = unique.iter().map(|&i| &events[i].headers).collect();
+    let bodies: Vec<&[u8]> = unique.iter().map(|&i| events[i].body.as_slice()).collect();
+    let hashes: Vec<&[u8]> = unique
+        .iter()
+        .map(|&i| events[i].body_sha256.as_slice())
+        .collect();
+
+    // Prepared once per connection: its plan (a function scan feeding the insert) is the same
+    // whatever the arrays' sizes, so the generic plan PostgreSQL settles on is the right one.
+    let inserted: Vec<InsertedKey> = cached_sql(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, headers, body, body_sha256) \
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::bytea[], $6::bytea[]) \
+         ON CONFLICT (provider, event_id) DO NOTHING \
+         RETURNING provider, event_id",
+        (
+            bind::<Array<Text>, _>(&providers),
+            bind::<Array<Text>, _>(&event_ids),
+            bind::<Array<Nullable<Text>>, _>(&event_types),
+            bind::<Array<Jsonb>, _>(&headers),
+            bind::<Array<Bytea>, _>(&bodies),
+            bind::<Array<Bytea>, _>(&hashes),
+        ),
+    )
+    .load(conn)
+    .await?;
+    let inserted: HashSet<(&str, &str)> = inserted
+        .iter()
+        .map(|key| (key.provider.as_str(), key.event_id.as_str()))
+        .collect();
+
+    let duplicates: Vec<usize> = unique
+        .iter()
+        .copied()
+        .filter(|&i| {
+            !inserted.contains(&(events[i].provider.as_str(), events[i].event_id.as_str()))
+        })
+        .collect();
+    let stored_hashes = if duplicates.is_empty() {
+        Vec::new()
+    } else {
+        let (providers, event_ids) = key_columns(events, &duplicates);
+        cached_sql(
+            "SELECT inbox.provider, inbox.event_id, inbox.body_sha256 \
+             FROM unnest($1::text[], $2::text[]) AS input(provider, event_id) \
+             JOIN webhook_inbox AS inbox USING (provider, event_id)",
+            (
+                bind::<Array<Text>, _>(&providers),
+                bind::<Array<Text>, _>(&event_ids),
+            ),
+        )
+        .load::<StoredHash>(conn)
+        .await?
+    };
+    let stored_hashes: HashMap<(&str, &str), &[u8]> = stored_hashes
+        .iter()
+        .map(|row| {
+            (
+                (row.provider.as_str(), row.event_id.as_str()),
+                row.body_sha256.as_slice(),
+            )
+        })
+        .collect();
+
+    Ok(events
+        .iter()
+        .enumerate()
+        .map(|(index, event)| {
+            let key = (event.provider.as_str(), event.event_id.as_str());
+            let first = first_of_key[&key];
+            if first == index && inserted.contains(&key) {
+                InsertOutcome::Accepted
+            } else if first == index {
+                InsertOutcome::Duplicate {
+                    // Gone again (purged) between the insert and the read: unknown.
+                    same_body: stored_hashes
+                        .get(&key)
+                        .map(|&stored| stored == event.body_sha256),
+                }
+            } else {
+                InsertOutcome::Duplicate {
+                    same_body: Some(events[first].body_sha256 == event.body_sha256),
+                }
+            }
+        })
+        .collect())
+}
+
+/// The `provider` and `event_id` columns of the events at `indices`, to bind as arrays.
+fn key_columns<'e>(events: &'e [NewEvent], indices: &[usize]) -> (Vec<&'e str>, Vec<&'e str>) {
+    indices
+        .iter()
+        .map(|&i| (events[i].provider.as_str(), events[i].event_id.as_str()))
+        .unzip()
+}
+
+/// Wakes the workers that `LISTEN` on [`crate::NOTIFY_CHANNEL`]: new events are committed.
+///
+/// Its own statement and commit. Every notifying commit takes PostgreSQL's global
+/// notification queue lock, so callers coalesce: one notification for whatever was committed
+/// while the previous one was in flight.
+pub async fn notify_new_events(conn: &mut AsyncPgConnection) -> QueryResult<()> {
+    cached_sql(
+        "SELECT pg_notify($1, '')",
+        (bind::<Text, _>(crate::NOTIFY_CHANNEL),),
+    )
+    .execute(conn)
+    .await
+    .map(|_| ())
+}

@@ -1,0 +1,327 @@
+//! The worker's side of the inbox: the lease state machine.
+//!
+//! A claim moves due rows `ready -> processing` under a fresh lease token. Each transition out
+//! of `processing` is fenced by that token: it matches on `(id, lease_token, status =
+//! processing)`, and zero rows updated is [`TransitionError::LeaseLost`], never ignored. A
+//! worker whose lease expired and was taken over can therefore never complete, retry or
+//! dead-letter a row it no longer owns.
+//!
+//! Every statement is fixed SQL prepared once per connection ([`cached_sql`]), its row states
+//! written from [`InboxStatus`] ([`crate::statuses_sql!`]).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel::sql_types::{Array, BigInt, Integer, SmallInt, Text};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use uuid::Uuid;
+
+use super::{duration_millis, truncate_error};
+use crate::prepared::{bind, cached_sql};
+use crate::schema::webhook_inbox;
+use crate::statuses_sql;
+use crate::InboxStatus;
+
+/// An event claimed by a worker, with everything a handler needs.
+#[derive(Debug, Clone, QueryableByName)]
+#[diesel(table_name = webhook_inbox)]
+pub struct ClaimedEvent {
+    /// Row id.
+    pub id: i64,
+    /// Provider name.
+    pub provider: String,
+    /// The provider's event id.
+    pub event_id: String,
+    /// The provider's event type, when known.
+    pub event_type: Option<String>,
+    /// When the receiver committed the event.
+    pub received_at: DateTime<Utc>,
+    /// Stored request headers (a JSON object).
+    pub headers: serde_json::Value,
+    /// The exact body bytes.
+    pub body: Vec<u8>,
+    /// Attempts begun, including this one.
+    pub attempt: i32,
+}
+
+/// A set of events claimed together under one lease token.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// The fencing token every transition of these rows must present.
+    pub lease_token: Uuid,
+    /// The claimed events, oldest due first.
+    pub events: Vec<ClaimedEvent>,
+}
+
+/// Claims up to `limit` due ready rows in one short statement and returns them under a fresh
+/// lease: `status = processing`, `attempt + 1`, `locked_until = now() + lease`.
+///
+/// Locks: the rows are selected `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on
+/// each other nor take the same row; the locks end when the statement's transaction commits,
+/// right away. The lease, not a row lock, protects the row while the handler runs.
+///
+/// The due ids are collected into an array first, evaluated once, and the rows updated by
+/// primary key. Joined to a subquery (or to a materialized CTE) instead, the statement has a
+/// generic plan that scans the whole table, done rows included, because the planner cannot
+/// see the `LIMIT`: should PostgreSQL switch the prepared statement to that plan, claims
+/// would slow down as the table grows.
+pub async fn claim_due(
+    conn: &mut AsyncPgConnection,
+    worker_name: &str,
+    lease: Duration,
+    limit: i64,
+) -> QueryResult<Claim> {
+    let lease_token = Uuid::new_v4();
+    let events = cached_sql(
+        statuses_sql!(
+            "UPDATE webhook_inbox AS inbox \
+             SET status = {processing}, attempt = inbox.attempt + 1, lease_token = $1, \
+                 locked_by = $2, locked_until = now() + $3 * interval '1 millisecond' \
+             WHERE inbox.id = ANY(ARRAY( \
+                 SELECT id FROM webhook_inbox \
+                 WHERE status = {ready} AND next_attempt_at <= now() \
+                 ORDER BY next_attempt_at \
+                 LIMIT $4 \
+                 FOR UPDATE SKIP LOCKED \
+             )) \
+             RETURNING inbox.id, inbox.provider, inbox.event_id, inbox.event_type, \
+                       inbox.received_at, inbox.headers, inbox.body, inbox.attempt"
+        ),
+        (
+            bind::<diesel::sql_types::Uuid, _>(lease_token),
+            bind::<Text, _>(worker_name),
+            bind::<BigInt, _>(duration_millis(lease)),
+            bind::<BigInt, _>(limit),
+        ),
+    )
+    .load::<ClaimedEvent>(conn)
+    .await?;
+    Ok(Claim {
+        lease_token,
+        events,
+    })
+}
+
+/// A fenced transition that did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum TransitionError {
+    /// The row is no longer processing under this token: the lease expired and the row was
+    /// rescued or claimed by another worker. Whatever the caller did in this transaction must
+    /// roll back.
+    #[error("lease lost: the row is no longer held under this lease token")]
+    LeaseLost,
+    /// The database failed.
+    #[error(transparent)]
+    Database(#[from] diesel::result::Error),
+}
+
+/// `Ok` when all `expected` rows were updated: otherwise some were no longer held.
+fn expect_all(updated: usize, expected: usize) -> Result<(), TransitionError> {
+    if updated == expected {
+        Ok(())
+    } else {
+        Err(TransitionError::LeaseLost)
+    }
+}
+
+/// `processing -> done`. Call it inside the handler's transaction, after the handler's
+/// writes: the effect and the completion then commit together or not at all.
+pub async fn complete(
+    conn: &mut AsyncPgConnection,
+    id: i64,
+    lease_token: Uuid,
+) -> Result<(), TransitionError> {
+    complete_all(conn, &[id], lease_token).await
+}
+
+/// `processing -> done` for several rows claimed under one token, in one statement: the
+/// batched form of [`complete`]. Unless every row is still held, nothing is completed and
+/// the caller's transaction must roll back ([`TransitionError::LeaseLost`]).
+///
+/// Locks the rows it completes until the caller's transaction ends.
+pub async fn complete_all(
+    conn: &mut AsyncPgConnection,
+    ids: &[i64],
+    lease_token: Uuid,
+) -> Result<(), TransitionError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let updated = cached_sql(
+        statuses_sql!(
+            "UPDATE webhook_inbox \
+             SET status = {done}, processed_at = clock_timestamp(), lease_token = NULL, \
+                 locked_until = NULL, last_error = NULL \
+             WHERE id = ANY($1) AND lease_token = $2 AND status = {processing}"
+        ),
+        (
+            bind::<Array<BigInt>, _>(ids),
+            bind::<diesel::sql_types::Uuid, _>(lease_token),
+        ),
+    )
+    .execute(conn)
+    .await?;
+    expect_all(updated, ids.len())
+}
+
+/// `processing -> ready` after a retryable failure, due again after `delay`, with `error`
+/// kept (cut to [`super::MAX_ERROR_CHARS`]) for the operator.
+pub async fn schedule_retry(
+    conn: &mut AsyncPgConnection,
+    id: i64,
+    lease_token: Uuid,
+    delay: Duration,
+    error: &str,
+) -> Result<(), TransitionError> {
+    let updated = cached_sql(
+        statuses_sql!(
+            "UPDATE webhook_inbox \
+             SET status = {ready}, next_attempt_at = now() + $3 * interval '1 millisecond', \
+                 lease_token = NULL, locked_until = NULL, last_error = $4 \
+             WHERE id = $1 AND lease_token = $2 AND status = {processing}"
+        ),
+        (
+            bind::<BigInt, _>(id),
+            bind::<diesel::sql_types::Uuid, _>(lease_token),
+            bind::<BigInt, _>(duration_millis(delay)),
+            bind::<Text, _>(truncate_error(error)),
+        ),
+    )
+    .execute(conn)
+    .await?;
+    expect_all(updated, 1)
+}
+
+/// `processing -> dead`: a permanent failure, or the last attempt failed.
+pub async fn dead_letter(
+    conn: &mut AsyncPgConnection,
+    id: i64,
+    lease_token: Uuid,
+    error: &str,
+) -> Result<(), TransitionError> {
+    let updated = cached_sql(
+        statuses_sql!(
+            "UPDATE webhook_inbox \
+             SET status = {dead}, processed_at = now(), lease_token = NULL, locked_until = NULL, \
+                 last_error = $3 \
+             WHERE id = $1 AND lease_token = $2 AND status = {processing}"
+        ),
+        (
+            bind::<BigInt, _>(id),
+            bind::<diesel::sql_types::Uuid, _>(lease_token),
+            bind::<Text, _>(truncate_error(error)),
+        ),
+    )
+    .execute(conn)
+    .await?;
+    expect_all(updated, 1)
+}
+
+/// `processing -> ready` without spending the attempt: a worker shutting down gives back
+/// rows it claimed but never started. Rows no longer held under the token are skipped;
+/// returns how many were released.
+pub async fn release_unstarted(
+    conn: &mut AsyncPgConnection,
+    ids: &[i64],
+    lease_token: Uuid,
+) -> QueryResult<usize> {
+    cached_sql(
+        statuses_sql!(
+            "UPDATE webhook_inbox \
+             SET status = {ready}, attempt = greatest(attempt - 1, 0), lease_token = NULL, \
+                 locked_until = NULL \
+             WHERE id = ANY($1) AND lease_token = $2 AND status = {processing}"
+        ),
+        (
+            bind::<Array<BigInt>, _>(ids),
+            bind::<diesel::sql_types::Uuid, _>(lease_token),
+        ),
+    )
+    .execute(conn)
+    .await
+}
+
+/// Extends the lease of rows still held under `lease_token` to `now() + lease` (the heartbeat
+/// of long handlers). Returns how many rows are still held.
+pub async fn extend_lease(
+    conn: &mut AsyncPgConnection,
+    ids: &[i64],
+    lease_token: Uuid,
+    lease: Duration,
+) -> QueryResult<usize> {
+    cached_sql(
+        statuses_sql!(
+            "UPDATE webhook_inbox SET locked_until = now() + $3 * interval '1 millisecond' \
+             WHERE id = ANY($1) AND lease_token = $2 AND status = {processing}"
+        ),
+        (
+            bind::<Array<BigInt>, _>(ids),
+            bind::<diesel::sql_types::Uuid, _>(lease_token),
+            bind::<BigInt, _>(duration_millis(lease)),
+        ),
+    )
+    .execute(conn)
+    .await
+}
+
+/// What one rescue pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rescued {
+    /// Expired leases put back to ready.
+    pub requeued: usize,
+    /// Expired leases that were out of attempts, dead-lettered.
+    pub dead: usize,
+}
+
+#[derive(QueryableByName)]
+struct RescuedRow {
+    #[diesel(sql_type = SmallInt)]
+    status: InboxStatus,
+}
+
+/// Returns rows whose lease expired (their worker crashed or stalled) to ready, or to dead
+/// when that expired attempt was their last: a crash counts as an attempt, so an event that
+/// kills its worker every time ends dead instead of looping forever.
+///
+/// Locks at most `limit` expired rows, `SKIP LOCKED`, so a completion in flight is never
+/// waited on: its worker may still finish if it commits first. The expired ids are an array
+/// evaluated once, as in [`claim_due`], so the prepared statement's generic plan reads them by
+/// primary key.
+pub async fn rescue_expired(
+    conn: &mut AsyncPgConnection,
+    max_attempts: u32,
+    limit: i64,
+) -> QueryResult<Rescued> {
+    let rows: Vec<RescuedRow> = cached_sql(
+        statuses_sql!(
+            "UPDATE webhook_inbox AS inbox \
+             SET status = CASE WHEN inbox.attempt >= $1 THEN {dead} ELSE {ready} END, \
+                 processed_at = CASE WHEN inbox.attempt >= $1 THEN now() END, \
+                 next_attempt_at = now(), lease_token = NULL, locked_until = NULL, \
+                 last_error = 'lease expired: the worker crashed or stalled' \
+             WHERE inbox.id = ANY(ARRAY( \
+                 SELECT id FROM webhook_inbox \
+                 WHERE status = {processing} AND locked_until < now() \
+                 ORDER BY locked_until \
+                 LIMIT $2 \
+                 FOR UPDATE SKIP LOCKED \
+             )) \
+             RETURNING inbox.status"
+        ),
+        (
+            bind::<Integer, _>(i32::try_from(max_attempts).unwrap_or(i32::MAX)),
+            bind::<BigInt, _>(limit),
+        ),
+    )
+    .load(conn)
+    .await?;
+    let dead = rows
+        .iter()
+        .filter(|row| row.status == InboxStatus::Dead)
+        .count();
+    Ok(Rescued {
+        requeued: rows.len() - dead,
+        dead,
+    })
+}

@@ -1,0 +1,163 @@
+//! One attempt at a batch from start to settlement: its transaction runs with the lease kept
+//! alive, then each event's outcome is recorded: done, a fenced retry with backoff, a dead
+//! letter, or nothing at all when the lease was lost (the transaction rolled back and the
+//! row belongs to whoever holds it now).
+
+use std::time::Instant;
+
+use inbox_core::backoff::RetryDecision;
+use inbox_core::inbox;
+use uuid::Uuid;
+
+use super::batch::Batch;
+use super::transaction::Outcome;
+use super::{AttemptError, Worker, WorkerError};
+use crate::handler::{Event, Handled, HandlerError};
+
+impl Worker {
+    /// One attempt at `batch`, claimed under `token`: the transaction, then its settlement.
+    pub(super) async fn attempt(&self, batch: Batch, token: Uuid) {
+        let started = Instant::now();
+        let result = self.run_with_heartbeat(&batch, token).await;
+        let elapsed = started.elapsed().as_secs_f64() / batch.len() as f64;
+        for event in batch.events() {
+            self.metrics
+                .handler_duration
+                .with_label_values(&[event.provider.as_str()])
+                .observe(elapsed);
+        }
+        match result {
+            Ok(outcomes) => {
+                for (event, outcome) in batch.events().into_iter().zip(outcomes) {
+                    self.settle(event, token, outcome).await;
+                }
+            }
+            Err(AttemptError::Worker(WorkerError::LeaseLost)) => {
+                tracing::warn!(
+                    events = batch.len(),
+                    "lease lost before completion: the attempt was rolled back"
+                );
+                for event in batch.events() {
+                    self.metrics.lease_lost.inc();
+                    self.metrics
+                        .count(&event.provider, event.event_type.as_deref(), "lease_lost");
+                }
+            }
+            Err(AttemptError::Worker(WorkerError::NoConnection(err))) => {
+                tracing::warn!(error = %err, "no database connection to start the attempt; giving the events back");
+                self.release(&batch.ids(), token).await;
+            }
+            Err(err) => self.isolate_or_settle(batch, token, err).await,
+        }
+    }
+
+    /// The batch's transaction, its lease extended meanwhile (unless heartbeats are off).
+    async fn run_with_heartbeat(
+        &self,
+        batch: &Batch,
+        token: Uuid,
+    ) -> Result<Vec<Outcome>, AttemptError> {
+        let transaction = async {
+            match batch {
+                Batch::Unrouted(events) => self.complete_unrouted(events, token).await,
+                Batch::Routed(routed) => self.run_transaction(routed, token).await,
+            }
+        };
+        if !self.settings.heartbeat {
+            return transaction.await;
+        }
+        let ids = batch.ids();
+        tokio::select! {
+            result = transaction => result,
+            never = self.heartbeat(&ids, token) => match never {},
+        }
+    }
+
+    /// A transaction that failed as a whole. Shared, it failed for itself (not one handler:
+    /// those roll back to their savepoint), so each event runs again in a transaction of its
+    /// own; alone, its event's failure is settled.
+    async fn isolate_or_settle(&self, batch: Batch, token: Uuid, err: AttemptError) {
+        match batch {
+            Batch::Routed(routed) if routed.len() > 1 => {
+                tracing::warn!(error = %err, events = routed.len(), "shared transaction failed; retrying its events one by one");
+                for one in routed {
+                    Box::pin(self.attempt(Batch::Routed(vec![one]), token)).await;
+                }
+            }
+            Batch::Unrouted(events) if events.len() > 1 => {
+                tracing::warn!(error = %err, events = events.len(), "completing unrouted events failed; retrying them one by one");
+                for one in events {
+                    Box::pin(self.attempt(Batch::Unrouted(vec![one]), token)).await;
+                }
+            }
+            batch => {
+                if let Some(event) = batch.events().first() {
+                    self.settle(event, token, Outcome::Failed(err)).await;
+                }
+            }
+        }
+    }
+
+    /// Records what became of one event of a committed attempt.
+    async fn settle(&self, event: &Event, token: Uuid, outcome: Outcome) {
+        let event_type = event.event_type.as_deref();
+        match outcome {
+            Outcome::Done(Handled::Applied) => {
+                self.metrics.count(&event.provider, event_type, "done")
+            }
+            Outcome::Done(Handled::Ignored) => {
+                self.metrics.count(&event.provider, event_type, "ignored")
+            }
+            Outcome::Failed(AttemptError::Handler(HandlerError::Permanent(reason))) => {
+                self.settle_failure(event, token, &format!("permanent: {reason}"), true)
+                    .await;
+            }
+            Outcome::Failed(err) => {
+                self.settle_failure(event, token, &err.to_string(), false)
+                    .await;
+            }
+        }
+    }
+
+    /// A failed attempt: a fenced retry after the backoff delay, or a dead letter when the
+    /// failure is permanent or the attempts are spent.
+    async fn settle_failure(&self, event: &Event, token: Uuid, error: &str, permanent: bool) {
+        let attempt = u32::try_from(event.attempt).unwrap_or(0);
+        let decision = if permanent {
+            RetryDecision::GiveUp
+        } else {
+            self.settings.backoff.decide(attempt)
+        };
+        let result = async {
+            let mut conn = self.connection().await?;
+            match decision {
+                RetryDecision::RetryAfter(delay) => {
+                    inbox::schedule_retry(&mut conn, event.id, token, delay, error).await?;
+                }
+                RetryDecision::GiveUp => {
+                    inbox::dead_letter(&mut conn, event.id, token, error).await?;
+                }
+            }
+            Ok::<_, WorkerError>(())
+        }
+        .await;
+        let event_type = event.event_type.as_deref();
+        match (result, decision) {
+            (Ok(()), RetryDecision::RetryAfter(delay)) => {
+                tracing::info!(error, retry_in = ?delay, "attempt failed; retry scheduled");
+                self.metrics.count(&event.provider, event_type, "retry");
+            }
+            (Ok(()), RetryDecision::GiveUp) => {
+                tracing::error!(error, "event dead-lettered");
+                self.metrics.count(&event.provider, event_type, "dead");
+            }
+            (Err(err), _) => {
+                // The lease will expire and the rescuer will count this as an attempt.
+                tracing::warn!(error = %err, "recording the failure failed; the lease will expire");
+                if matches!(err, WorkerError::LeaseLost) {
+                    self.metrics.lease_lost.inc();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Claim scheduling: each claim loop owns a share of the worker's slots, claims as many due
+//! events as it has free slots (in batches worth a round trip), hands them to attempts, and
+//! idles until a notification, the next due retry or the poll interval when nothing is due.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use inbox_core::inbox;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+use uuid::Uuid;
+
+use super::batch::batches;
+use super::{Worker, WorkerError};
+
+impl Worker {
+    /// Claims and runs events with `concurrency` slots of its own until shutdown, then lets
+    /// its handlers in flight finish within the shutdown grace.
+    pub(super) async fn claim_loop(&self, concurrency: usize, mut shutdown: watch::Receiver<bool>) {
+        let mut in_flight: JoinSet<()> = JoinSet::new();
+        let concurrency = concurrency.max(1);
+        let batch_size = self.settings.batch_size.max(1);
+        // One permit per event in flight.
+        let slots = Arc::new(Semaphore::new(concurrency));
+        // Claim in batches: wait for this many free slots unless the worker is idle.
+        let worth_claiming = batch_size.min(concurrency.div_ceil(2));
+        loop {
+            while in_flight.try_join_next().is_some() {}
+            if *shutdown.borrow() {
+                break;
+            }
+            let free = slots.available_permits().min(batch_size);
+            if free == 0 || (free < worth_claiming && !in_flight.is_empty()) {
+                tokio::select! {
+                    _ = in_flight.join_next() => {}
+                    _ = shutdown.changed() => {}
+                }
+                continue;
+            }
+            let claimed = match self.claim(free).await {
+                Ok(claim) => claim,
+                Err(err) => {
+                    tracing::warn!(error = %err, "claiming events failed; retrying after the poll interval");
+                    self.idle(&mut shutdown, None).await;
+                    continue;
+                }
+            };
+            if claimed.events.is_empty() {
+                let next_due = self.next_due().await;
+                self.idle(&mut shutdown, next_due).await;
+                continue;
+            }
+            let token = claimed.lease_token;
+            if *shutdown.borrow() {
+                // Stopping between claim and start: give the rows back, attempts unspent.
+                let ids: Vec<i64> = claimed.events.iter().map(|row| row.id).collect();
+                self.release(&ids, token).await;
+                break;
+            }
+            for batch in batches(&self.router, claimed.events, self.settings.transaction_size) {
+                let size = u32::try_from(batch.len()).unwrap_or(u32::MAX);
+                let Ok(permits) = Arc::clone(&slots).try_acquire_many_owned(size) else {
+                    // Cannot happen: no more was claimed than there were free slots.
+                    self.release(&batch.ids(), token).await;
+                    continue;
+                };
+                let worker = self.clone();
+                in_flight.spawn(async move {
+                    worker.attempt(batch, token).await;
+                    drop(permits);
+                });
+            }
+        }
+        self.finish_in_flight(in_flight).await;
+    }
+
+    /// On shutdown: waits for the attempts in flight within the shutdown grace, then abandons
+    /// the rest (their leases expire and their events are retried).
+    async fn finish_in_flight(&self, mut in_flight: JoinSet<()>) {
+        let running = in_flight.len();
+        if running > 0 {
+            tracing::info!(running, grace = ?self.settings.shutdown_grace, "waiting for handlers in flight");
+        }
+        let drained = tokio::time::timeout(self.settings.shutdown_grace, async {
+            while in_flight.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                abandoned = in_flight.len(),
+                "shutdown grace exceeded: abandoning handlers in flight; their events return when their leases expire"
+            );
+            in_flight.abort_all();
+            while in_flight.join_next().await.is_some() {}
+        }
+    }
+
+    async fn next_due(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        let mut conn = self.connection().await.ok()?;
+        inbox_core::operations::next_due(&mut conn)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Waits for a notification, the next due retry, the poll interval or shutdown, whichever
+    /// comes first.
+    async fn idle(
+        &self,
+        shutdown: &mut watch::Receiver<bool>,
+        next_due: Option<chrono::DateTime<chrono::Utc>>,
+    ) {
+        let mut wait = self.settings.poll_interval;
+        if let Some(due) = next_due {
+            let until_due = (due - chrono::Utc::now())
+                .to_std()
+                .unwrap_or(Duration::ZERO);
+            // A due row another claimer holds locked right now is not ours to spin on.
+            wait = wait.min(until_due.max(Duration::from_millis(10)));
+        }
+        tokio::select! {
+            _ = self.wake.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+
+    async fn claim(&self, limit: usize) -> Result<inbox::Claim, WorkerError> {
+        let mut conn = self.connection().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        Ok(inbox::claim_due(&mut conn, &self.settings.name, self.settings.lease, limit).await?)
+    }
+
+    /// Gives back rows claimed under `token` but never started, their attempts unspent.
+    pub(super) async fn release(&self, ids: &[i64], token: Uuid) {
+        let result = async {
+            let mut conn = self.connection().await?;
+            Ok::<_, WorkerError>(inbox::release_unstarted(&mut conn, ids, token).await?)
+        }
+        .await;
+        if let Err(err) = result {
+            tracing::warn!(error = %err, "releasing unstarted events failed; their leases will expire");
+        }
+    }
+}

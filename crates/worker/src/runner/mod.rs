@@ -1,0 +1,95 @@
+//! The worker engine, one module per responsibility:
+//!
+//! - [`claim`]: claim loops that schedule claims against free slots, and idling;
+//! - [`batch`]: claimed events grouped into transactions, each event routed once;
+//! - [`transaction`]: an attempt's transaction, its savepoints and its handlers;
+//! - [`attempt`]: one attempt from start to settlement (retry, dead letter, lease lost);
+//! - [`heartbeat`]: keeping the leases of running attempts alive;
+//! - [`housekeeping`]: rescue of expired leases, backlog gauges and retention;
+//! - [`error`]: the typed errors of these steps.
+//!
+//! The claim is one short statement that commits at once; no row lock is held while a
+//! handler runs. The lease (token plus expiry, extended by a heartbeat while the handler
+//! runs) is what keeps other workers off the row, and every transition presents the token.
+
+use std::sync::Arc;
+
+use diesel_async::pooled_connection::bb8::PooledConnection;
+use diesel_async::AsyncPgConnection;
+use inbox_core::db::PgPool;
+use tokio::sync::{watch, Notify};
+
+use crate::handler::Router;
+use crate::metrics::Metrics;
+
+mod attempt;
+mod batch;
+mod claim;
+mod error;
+mod heartbeat;
+mod housekeeping;
+mod settings;
+mod transaction;
+
+pub use error::{AttemptError, WorkerError};
+pub use settings::{Retention, WorkerSettings};
+
+/// A worker process's engine. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Worker {
+    pool: PgPool,
+    router: Arc<Router>,
+    settings: Arc<WorkerSettings>,
+    metrics: Metrics,
+    wake: Arc<Notify>,
+}
+
+impl Worker {
+    /// A worker over `pool` running `router`'s handlers.
+    pub fn new(pool: PgPool, router: Router, settings: WorkerSettings, metrics: Metrics) -> Self {
+        Self {
+            pool,
+            router: Arc::new(router),
+            settings: Arc::new(settings),
+            metrics,
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Wakes an idle worker at once (a notification that new events were committed).
+    pub fn waker(&self) -> Arc<Notify> {
+        Arc::clone(&self.wake)
+    }
+
+    /// Runs until `shutdown` turns true: then stops claiming, lets the handlers in flight
+    /// finish within the shutdown grace, and returns.
+    pub async fn run(&self, shutdown: watch::Receiver<bool>) {
+        let housekeeping = tokio::spawn({
+            let worker = self.clone();
+            let shutdown = shutdown.clone();
+            async move { worker.housekeeping(shutdown).await }
+        });
+        // Several claim loops, so one claim's round trip and commit never leaves the others'
+        // slots idle; each owns a share of the concurrency.
+        let claimers = self
+            .settings
+            .claimers
+            .clamp(1, self.settings.concurrency.max(1));
+        let share = self.settings.concurrency.max(1) / claimers;
+        let extra = self.settings.concurrency.max(1) % claimers;
+        let loops = (0..claimers).map(|index| {
+            let slots = share + usize::from(index < extra);
+            self.claim_loop(slots, shutdown.clone())
+        });
+        futures_util::future::join_all(loops).await;
+        housekeeping.abort();
+    }
+
+    /// A pooled connection, or [`WorkerError::NoConnection`].
+    async fn connection(&self) -> Result<PooledConnection<'_, AsyncPgConnection>, WorkerError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|err| WorkerError::NoConnection(err.to_string()))
+    }
+}

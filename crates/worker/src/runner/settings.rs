@@ -1,0 +1,51 @@
+//! How a worker claims and runs events: the settings its binary builds from flags.
+
+use std::time::Duration;
+
+use inbox_core::BackoffPolicy;
+
+/// How a worker claims and runs events.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// Name recorded in `locked_by` (host and process id by default).
+    pub name: String,
+    /// How long a claim is valid without a heartbeat.
+    pub lease: Duration,
+    /// Events handled at once by this process.
+    pub concurrency: usize,
+    /// Most events claimed by one statement.
+    pub batch_size: usize,
+    /// Claim loops sharing the concurrency.
+    pub claimers: usize,
+    /// Most events of batchable handlers sharing one transaction (a savepoint each only when
+    /// one of them fails).
+    pub transaction_size: usize,
+    /// Idle wait between claims when nothing is due (and no notification arrives).
+    pub poll_interval: Duration,
+    /// How often expired leases are looked for.
+    pub rescue_interval: Duration,
+    /// Longest a handler may run before its attempt counts as failed (retryable).
+    pub handler_timeout: Duration,
+    /// Retry policy.
+    pub backoff: BackoffPolicy,
+    /// On shutdown, how long handlers in flight may take to finish before they are abandoned
+    /// (their leases then expire and the events are retried).
+    pub shutdown_grace: Duration,
+    /// Whether running attempts extend their lease. Off only to simulate a stalled worker.
+    pub heartbeat: bool,
+    /// How often the backlog gauges are read from the database.
+    pub stats_interval: Duration,
+    /// Periodic purge of old done rows, if enabled.
+    pub retention: Option<Retention>,
+}
+
+/// Periodic retention inside the worker.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    /// Done rows older than this are deleted.
+    pub keep_done_for: Duration,
+    /// Never delete rows younger than this: the providers' redelivery window.
+    pub dedup_window: Duration,
+    /// How often to purge.
+    pub every: Duration,
+}

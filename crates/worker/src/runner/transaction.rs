@@ -1,0 +1,153 @@
+//! An attempt's transaction: the handlers of a batch and the completion of the events that
+//! succeeded commit together, so a handler's effect and its event's `done` are one fact.
+
+use std::panic::AssertUnwindSafe;
+
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use futures_util::FutureExt;
+use inbox_core::inbox;
+use uuid::Uuid;
+
+use super::batch::Routed;
+use super::{AttemptError, Worker};
+use crate::handler::{Event, Handled, Handler, HandlerError};
+
+/// Whether the events of a transaction run in savepoints of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Savepoints {
+    /// No savepoints: any failure rolls the whole transaction back.
+    None,
+    /// Each event in its own savepoint: a failure undoes only that event's writes.
+    PerEvent,
+}
+
+/// What one event's part of an attempt came to.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    /// Completed in the attempt's transaction.
+    Done(Handled),
+    /// Its handler failed; its writes were rolled back.
+    Failed(AttemptError),
+}
+
+impl Worker {
+    /// Runs the handlers of `batch` and completes the ones that succeeded, in one
+    /// transaction, so that a failure undoes only its own event's writes.
+    ///
+    /// A single event needs no more than the transaction. Several events first run side by
+    /// side without savepoints, the common case where every handler succeeds, and cheapest:
+    /// a savepoint costs two more statements per event. If a handler fails, that whole
+    /// transaction rolls back and the events run again, each in its own savepoint.
+    pub(super) async fn run_transaction(
+        &self,
+        batch: &[Routed],
+        token: Uuid,
+    ) -> Result<Vec<Outcome>, AttemptError> {
+        match self.run_events(batch, token, Savepoints::None).await {
+            // Alone in its transaction, the event's failure is settled after the rollback.
+            Err(AttemptError::Handler(_)) if batch.len() > 1 => {
+                self.metrics.savepoint_reruns.inc();
+                self.run_events(batch, token, Savepoints::PerEvent).await
+            }
+            result => result,
+        }
+    }
+
+    /// Completes events that no handler takes, as ignored: one statement, no transaction
+    /// around it, since there is no effect to commit with it.
+    pub(super) async fn complete_unrouted(
+        &self,
+        events: &[Event],
+        token: Uuid,
+    ) -> Result<Vec<Outcome>, AttemptError> {
+        let mut conn = self.connection().await?;
+        let ids: Vec<i64> = events.iter().map(|event| event.id).collect();
+        inbox::complete_all(&mut conn, &ids, token).await?;
+        Ok(events
+            .iter()
+            .map(|_| Outcome::Done(Handled::Ignored))
+            .collect())
+    }
+
+    /// One transaction running the handlers of `batch` and completing the ones that
+    /// succeeded.
+    async fn run_events(
+        &self,
+        batch: &[Routed],
+        token: Uuid,
+        savepoints: Savepoints,
+    ) -> Result<Vec<Outcome>, AttemptError> {
+        let mut conn = self.connection().await?;
+        conn.transaction::<_, AttemptError, _>(async |tx| {
+            let mut outcomes = Vec::with_capacity(batch.len());
+            let mut completed = Vec::with_capacity(batch.len());
+            for Routed { event, handler } in batch {
+                let outcome = match savepoints {
+                    Savepoints::PerEvent => {
+                        self.run_in_savepoint(handler.as_ref(), event, tx).await?
+                    }
+                    // Without savepoints, a failure rolls the transaction back.
+                    Savepoints::None => {
+                        Outcome::Done(self.run_handler(handler.as_ref(), event, tx).await?)
+                    }
+                };
+                if matches!(outcome, Outcome::Done(_)) {
+                    completed.push(event.id);
+                }
+                outcomes.push(outcome);
+            }
+            inbox::complete_all(tx, &completed, token).await?;
+            Ok(outcomes)
+        })
+        .await
+    }
+
+    /// Runs one handler in a savepoint (a nested transaction): its failure undoes only its
+    /// own writes and becomes its event's outcome; any other failure ends the transaction.
+    async fn run_in_savepoint(
+        &self,
+        handler: &dyn Handler,
+        event: &Event,
+        tx: &mut AsyncPgConnection,
+    ) -> Result<Outcome, AttemptError> {
+        let result = tx
+            .transaction::<_, AttemptError, _>(async |savepoint| {
+                Ok(self.run_handler(handler, event, savepoint).await?)
+            })
+            .await;
+        match result {
+            Ok(handled) => Ok(Outcome::Done(handled)),
+            Err(AttemptError::Handler(err)) => Ok(Outcome::Failed(AttemptError::Handler(err))),
+            Err(other) => Err(other),
+        }
+    }
+
+    /// Runs one handler, turning a timeout or a panic into a retryable failure.
+    async fn run_handler(
+        &self,
+        handler: &dyn Handler,
+        event: &Event,
+        tx: &mut AsyncPgConnection,
+    ) -> Result<Handled, HandlerError> {
+        let timeout = self.settings.handler_timeout;
+        let run = AssertUnwindSafe(handler.handle(event, tx)).catch_unwind();
+        match tokio::time::timeout(timeout, run).await {
+            Err(_elapsed) => Err(HandlerError::Retryable(format!(
+                "handler timed out after {timeout:?}"
+            ))),
+            Ok(Err(panic)) => Err(HandlerError::Retryable(format!(
+                "handler panicked: {}",
+                panic_message(&panic)
+            ))),
+            Ok(Ok(result)) => result,
+        }
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
+}
