@@ -1,9 +1,10 @@
 //! The HTTP forward handler against a real HTTP server: exact body, original headers, the
-//! idempotency key, retries on 5xx, dead letters on 4xx.
+//! idempotency key, retries on 5xx, dead letters on 4xx, `Retry-After` honoured within the
+//! retry cap.
 #![allow(clippy::unwrap_used)] // a test stops at the first failed step
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use inbox_core::inbox::{insert_events, NewEvent};
@@ -17,6 +18,7 @@ struct Received {
     signature: Option<String>,
     host: Option<String>,
     body: Vec<u8>,
+    at: Instant,
 }
 
 #[derive(Default)]
@@ -41,11 +43,21 @@ async fn record(request: HttpRequest, body: web::Bytes, target: web::Data<Target
         signature: header("x-signature"),
         host: header("host"),
         body: body.to_vec(),
+        at: Instant::now(),
     });
     match path.as_str() {
         // Fails once, then accepts: a retryable failure.
         "/flaky" if attempts_here == 0 => HttpResponse::ServiceUnavailable().finish(),
         "/flaky" => HttpResponse::Ok().finish(),
+        // Asks for a pause, then accepts.
+        "/throttled" if attempts_here == 0 => HttpResponse::TooManyRequests()
+            .insert_header(("retry-after", "2"))
+            .finish(),
+        // Asks for an hour, more than the retry cap, then accepts.
+        "/unavailable-for-an-hour" if attempts_here == 0 => HttpResponse::ServiceUnavailable()
+            .insert_header(("retry-after", "3600"))
+            .finish(),
+        "/throttled" | "/unavailable-for-an-hour" => HttpResponse::Ok().finish(),
         // Rejects: a permanent failure.
         _ => HttpResponse::UnprocessableEntity().finish(),
     }
@@ -66,8 +78,13 @@ fn event(id: &str, event_type: &str) -> NewEvent {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forwarded_events_carry_the_exact_body_and_an_idempotency_key_and_retry_on_5xx_only() {
+struct TargetServer {
+    addr: std::net::SocketAddr,
+    target: web::Data<Target>,
+    handle: actix_web::dev::ServerHandle,
+}
+
+fn start_target() -> TargetServer {
     let target = web::Data::new(Target::default());
     let server = {
         let target = target.clone();
@@ -85,7 +102,85 @@ async fn forwarded_events_carry_the_exact_body_and_an_idempotency_key_and_retry_
     let server = server.run();
     let handle = server.handle();
     tokio::spawn(server);
+    TargetServer {
+        addr,
+        target,
+        handle,
+    }
+}
 
+/// Time between the first and the second request the target received on `path`.
+fn gap_between_attempts(target: &Target, path: &str) -> Duration {
+    let received = target.received.lock().unwrap();
+    let at: Vec<Instant> = received
+        .iter()
+        .filter(|r| r.path == path)
+        .map(|r| r.at)
+        .collect();
+    assert_eq!(at.len(), 2, "{path}: one refusal, then the accepted retry");
+    at[1] - at[0]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_on_429_and_503_delays_the_next_attempt_within_the_retry_cap() {
+    let server = start_target();
+    let addr = server.addr;
+    let routes = format!(
+        r#"
+        [[routes]]
+        event_type = "throttled.*"
+        handler = "forward"
+        url = "http://{addr}/throttled"
+        [[routes]]
+        event_type = "unavailable.*"
+        handler = "forward"
+        url = "http://{addr}/unavailable-for-an-hour"
+        "#
+    );
+    let router =
+        worker::routes::parse_routes(&routes, std::path::Path::new("routes.toml")).unwrap();
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    insert_events(
+        &mut conn,
+        &[
+            event("evt_throttled", "throttled.thing"),
+            event("evt_unavailable", "unavailable.thing"),
+        ],
+    )
+    .await
+    .unwrap();
+    // Backoff alone would retry within 20 ms; the cap allows Retry-After up to 3 s.
+    let mut settings = worker_settings("w1");
+    settings.backoff.cap = Duration::from_secs(3);
+    let worker = RunningWorker::start(&db, router, settings);
+    wait_for_count(
+        &mut conn,
+        "both events delivered on their second attempt",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2 AND attempt = 2",
+        2,
+        Duration::from_secs(30),
+    )
+    .await;
+    worker.stop().await;
+    server.handle.stop(true).await;
+
+    let throttled = gap_between_attempts(&server.target, "/throttled");
+    assert!(
+        throttled >= Duration::from_secs(2),
+        "429 with Retry-After: 2 retried after {throttled:?}"
+    );
+    let unavailable = gap_between_attempts(&server.target, "/unavailable-for-an-hour");
+    assert!(
+        unavailable >= Duration::from_secs(3) && unavailable < Duration::from_secs(30),
+        "503 with Retry-After: 3600 retried at the 3 s cap, after {unavailable:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_events_carry_the_exact_body_and_an_idempotency_key_and_retry_on_5xx_only() {
+    let server = start_target();
+    let (addr, target, handle) = (server.addr, server.target, server.handle);
     let routes = format!(
         r#"
         [[routes]]

@@ -80,6 +80,28 @@ impl BackoffPolicy {
         self.decide_with_jitter(attempt, rand::random::<f64>())
     }
 
+    /// The decision after failed attempt `attempt` whose target asked not to be tried again
+    /// before `not_before` (an HTTP `Retry-After`): the backoff delay, raised to that wait,
+    /// which the cap bounds. No attempts left still means giving up.
+    pub fn decide_not_before(&self, attempt: u32, not_before: Duration) -> RetryDecision {
+        self.decide_with_jitter_not_before(attempt, rand::random::<f64>(), not_before)
+    }
+
+    /// [`Self::decide_not_before`] with the given jitter `unit`.
+    pub fn decide_with_jitter_not_before(
+        &self,
+        attempt: u32,
+        unit: f64,
+        not_before: Duration,
+    ) -> RetryDecision {
+        match self.decide_with_jitter(attempt, unit) {
+            RetryDecision::RetryAfter(delay) => {
+                RetryDecision::RetryAfter(delay.max(not_before.min(self.cap)))
+            }
+            RetryDecision::GiveUp => RetryDecision::GiveUp,
+        }
+    }
+
     /// The decision after failed attempt `attempt`, with the given jitter `unit`.
     pub fn decide_with_jitter(&self, attempt: u32, unit: f64) -> RetryDecision {
         if self.is_exhausted(attempt) {
@@ -108,6 +130,35 @@ mod tests {
         assert_eq!(p.base, Duration::from_secs(1));
         assert_eq!(p.cap, Duration::from_secs(3600));
         assert_eq!(p.max_attempts, 12);
+    }
+
+    #[test]
+    fn a_retry_after_raises_the_delay_up_to_the_cap_but_never_lowers_it() {
+        let p = policy(1_000, 60_000, 3);
+        let delay = |attempt, unit, wait_ms| match p.decide_with_jitter_not_before(
+            attempt,
+            unit,
+            Duration::from_millis(wait_ms),
+        ) {
+            RetryDecision::RetryAfter(delay) => Some(delay.as_millis() as u64),
+            RetryDecision::GiveUp => None,
+        };
+        assert_eq!(
+            delay(1, 0.5, 30_000),
+            Some(30_000),
+            "the target's wait wins"
+        );
+        assert_eq!(
+            delay(1, 0.5, 3_600_000),
+            Some(60_000),
+            "capped by the retry cap"
+        );
+        assert_eq!(
+            delay(2, 0.5, 10),
+            Some(1_000),
+            "a shorter wait keeps the backoff"
+        );
+        assert_eq!(delay(3, 0.5, 30_000), None, "out of attempts");
     }
 
     #[test]

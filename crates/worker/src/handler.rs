@@ -53,6 +53,15 @@ pub enum HandlerError {
     /// Worth trying again later (a dependency was down, a timeout, a conflict).
     #[error("retryable: {0}")]
     Retryable(String),
+    /// Worth trying again, but not before `after` (a target's `Retry-After`); the retry cap
+    /// still bounds the wait.
+    #[error("retryable: {reason}")]
+    RetryAfter {
+        /// What failed.
+        reason: String,
+        /// The earliest the next attempt should start.
+        after: std::time::Duration,
+    },
     /// Will never succeed (malformed event, rejected by the business rules): dead-letter it now.
     #[error("permanent: {0}")]
     Permanent(String),

@@ -13,6 +13,7 @@ pub mod listener;
 pub mod metrics;
 pub mod routes;
 pub mod runner;
+pub mod tls;
 
 pub use handler::{Event, Handled, Handler, HandlerError, Router};
 pub use runner::{Worker, WorkerSettings};

@@ -10,14 +10,18 @@
 //! timeout = "10s"                          # optional (default 10s)
 //! connect_timeout = "2s"                   # optional (default 2s)
 //! max_in_flight = 32                       # optional (default 32)
+//! ca_file = "internal-ca.pem"              # optional: trust this CA instead of the system roots
+//! client_cert = "worker.pem"               # optional, with client_key: mutual TLS
+//! client_key = "worker-key.pem"
 //!
 //! [[routes]]
 //! handler = "demo"                         # the demo ledger and payments handler
 //! ```
 //!
-//! Events no route matches are completed as ignored (and counted), never retried.
+//! Events no route matches are completed as ignored (and counted), never retried. Relative
+//! file names are relative to the routes file's directory.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +30,7 @@ use serde::Deserialize;
 use crate::demo::DemoLedger;
 use crate::forward::{Forward, ForwardSettings};
 use crate::handler::Router;
+use crate::tls::{ClientIdentity, TlsSettings};
 
 /// Default forward timeout.
 pub const DEFAULT_FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -73,6 +78,21 @@ struct RouteSpec {
     timeout: Option<String>,
     connect_timeout: Option<String>,
     max_in_flight: Option<usize>,
+    ca_file: Option<PathBuf>,
+    client_cert: Option<PathBuf>,
+    client_key: Option<PathBuf>,
+}
+
+impl RouteSpec {
+    fn has_forward_settings(&self) -> bool {
+        self.url.is_some()
+            || self.timeout.is_some()
+            || self.connect_timeout.is_some()
+            || self.max_in_flight.is_some()
+            || self.ca_file.is_some()
+            || self.client_cert.is_some()
+            || self.client_key.is_some()
+    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -88,62 +108,72 @@ fn duration(text: Option<&str>, default: Duration) -> Result<Duration, String> {
     })
 }
 
-/// Builds a router from routes file text.
+/// The forward settings of one route; `base` is the routes file's directory.
+fn forward_settings(route: RouteSpec, base: &Path) -> Result<ForwardSettings, String> {
+    let url = route
+        .url
+        .ok_or_else(|| "handler \"forward\" needs a url".to_owned())?;
+    let url = reqwest::Url::parse(&url).map_err(|err| format!("url {url:?}: {err}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err("url must be http or https".into());
+    }
+    let tls_settings = url.scheme() == "https";
+    if !tls_settings && (route.ca_file.is_some() || route.client_cert.is_some()) {
+        return Err("ca_file and client_cert apply to https urls only".into());
+    }
+    let client_identity = match (route.client_cert, route.client_key) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => Some(ClientIdentity {
+            cert_file: base.join(cert),
+            key_file: base.join(key),
+        }),
+        _ => return Err("client_cert and client_key go together".into()),
+    };
+    Ok(ForwardSettings {
+        url,
+        timeout: duration(route.timeout.as_deref(), DEFAULT_FORWARD_TIMEOUT)
+            .map_err(|e| format!("timeout {e}"))?,
+        connect_timeout: duration(route.connect_timeout.as_deref(), DEFAULT_CONNECT_TIMEOUT)
+            .map_err(|e| format!("connect_timeout {e}"))?,
+        max_in_flight: route.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT).max(1),
+        tls: TlsSettings {
+            ca_file: route.ca_file.map(|file| base.join(file)),
+            client_identity,
+        },
+    })
+}
+
+/// The handler one route names.
+fn handler_of(route: RouteSpec, base: &Path) -> Result<Arc<dyn crate::Handler>, String> {
+    match route.handler {
+        HandlerKind::Demo if route.has_forward_settings() => {
+            Err("the demo handler takes no url or forward settings".into())
+        }
+        HandlerKind::Demo => Ok(Arc::new(DemoLedger)),
+        HandlerKind::Forward => {
+            let forward =
+                Forward::new(forward_settings(route, base)?).map_err(|e| e.to_string())?;
+            Ok(Arc::new(forward))
+        }
+    }
+}
+
+/// Builds a router from routes file text; `path` names the file in errors and anchors its
+/// relative file names.
 pub fn parse_routes(text: &str, path: &Path) -> Result<Router, RoutesError> {
     let invalid = |message: String| RoutesError::Invalid {
         path: path.to_owned(),
         message,
     };
     let file: RoutesFile = toml::from_str(text).map_err(|err| invalid(err.message().to_owned()))?;
+    let base = path.parent().unwrap_or(Path::new(""));
     let mut router = Router::new();
     for (index, route) in file.routes.into_iter().enumerate() {
-        let number = index + 1;
-        let handler: Arc<dyn crate::Handler> = match route.handler {
-            HandlerKind::Demo => {
-                if route.url.is_some()
-                    || route.timeout.is_some()
-                    || route.connect_timeout.is_some()
-                    || route.max_in_flight.is_some()
-                {
-                    return Err(invalid(format!(
-                        "route #{number}: the demo handler takes no url or forward settings"
-                    )));
-                }
-                Arc::new(DemoLedger)
-            }
-            HandlerKind::Forward => {
-                let url = route.url.ok_or_else(|| {
-                    invalid(format!("route #{number}: handler \"forward\" needs a url"))
-                })?;
-                let url = reqwest::Url::parse(&url)
-                    .map_err(|err| invalid(format!("route #{number}: url {url:?}: {err}")))?;
-                if !matches!(url.scheme(), "http" | "https") {
-                    return Err(invalid(format!(
-                        "route #{number}: url must be http or https"
-                    )));
-                }
-                let settings = ForwardSettings {
-                    url,
-                    timeout: duration(route.timeout.as_deref(), DEFAULT_FORWARD_TIMEOUT)
-                        .map_err(|e| invalid(format!("route #{number}: timeout {e}")))?,
-                    connect_timeout: duration(
-                        route.connect_timeout.as_deref(),
-                        DEFAULT_CONNECT_TIMEOUT,
-                    )
-                    .map_err(|e| invalid(format!("route #{number}: connect_timeout {e}")))?,
-                    max_in_flight: route.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT).max(1),
-                };
-                Arc::new(
-                    Forward::new(settings)
-                        .map_err(|err| invalid(format!("route #{number}: {err}")))?,
-                )
-            }
-        };
-        router = router.route(
-            route.provider.as_deref(),
-            route.event_type.as_deref(),
-            handler,
-        );
+        let provider = route.provider.clone();
+        let event_type = route.event_type.clone();
+        let handler = handler_of(route, base)
+            .map_err(|message| invalid(format!("route #{}: {message}", index + 1)))?;
+        router = router.route(provider.as_deref(), event_type.as_deref(), handler);
     }
     Ok(router)
 }
@@ -197,5 +227,20 @@ mod tests {
         assert!(err.to_string().contains("email"), "{err}");
         let err = parse_routes("[[routes]]\nhandler = \"forward\"\n", path).expect_err("no url");
         assert!(err.to_string().contains("url"), "{err}");
+        let err = parse_routes(
+            "[[routes]]\nhandler = \"forward\"\nurl = \"https://x\"\nclient_cert = \"c.pem\"\n",
+            path,
+        )
+        .expect_err("a certificate without its key");
+        assert!(err.to_string().contains("client_key"), "{err}");
+        let err = parse_routes(
+            "[[routes]]\nhandler = \"forward\"\nurl = \"https://x\"\nca_file = \"missing-ca.pem\"\n",
+            Path::new("/etc/worker/routes.toml"),
+        )
+        .expect_err("a CA file that is not there");
+        assert!(
+            err.to_string().contains("/etc/worker/missing-ca.pem"),
+            "relative to the routes file: {err}"
+        );
     }
 }

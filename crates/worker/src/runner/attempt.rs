@@ -109,25 +109,35 @@ impl Worker {
                 self.metrics.count(&event.provider, event_type, "ignored")
             }
             Outcome::Failed(AttemptError::Handler(HandlerError::Permanent(reason))) => {
-                self.settle_failure(event, token, &format!("permanent: {reason}"), true)
+                let error = format!("permanent: {reason}");
+                self.settle_failure(event, token, &error, RetryDecision::GiveUp)
                     .await;
             }
             Outcome::Failed(err) => {
-                self.settle_failure(event, token, &err.to_string(), false)
+                let attempt = u32::try_from(event.attempt).unwrap_or(0);
+                let backoff = &self.settings.backoff;
+                let decision = match &err {
+                    // The target said when it can take the event again.
+                    AttemptError::Handler(HandlerError::RetryAfter { after, .. }) => {
+                        backoff.decide_not_before(attempt, *after)
+                    }
+                    _ => backoff.decide(attempt),
+                };
+                self.settle_failure(event, token, &err.to_string(), decision)
                     .await;
             }
         }
     }
 
-    /// A failed attempt: a fenced retry after the backoff delay, or a dead letter when the
-    /// failure is permanent or the attempts are spent.
-    async fn settle_failure(&self, event: &Event, token: Uuid, error: &str, permanent: bool) {
-        let attempt = u32::try_from(event.attempt).unwrap_or(0);
-        let decision = if permanent {
-            RetryDecision::GiveUp
-        } else {
-            self.settings.backoff.decide(attempt)
-        };
+    /// A failed attempt, as `decision` says: a fenced retry after its delay, or a dead letter
+    /// (a permanent failure, or the attempts are spent).
+    async fn settle_failure(
+        &self,
+        event: &Event,
+        token: Uuid,
+        error: &str,
+        decision: RetryDecision,
+    ) {
         let result = async {
             let mut conn = self.connection().await?;
             match decision {
