@@ -175,7 +175,7 @@ async fn four_workers_with_random_failures_give_each_of_10000_events_exactly_one
         .map(|w| {
             w.metrics
                 .events
-                .with_label_values(&["demo", "test.event", "retry"])
+                .with_label_values(&["demo", "*", "retry"])
                 .get()
         })
         .sum();
@@ -309,7 +309,7 @@ async fn an_event_no_route_matches_is_completed_as_ignored() {
     let ignored = worker
         .metrics
         .events
-        .with_label_values(&["demo", "test.event", "ignored"])
+        .with_label_values(&["demo", "other", "ignored"])
         .get();
     worker.stop().await;
     assert_eq!(ignored, 1);

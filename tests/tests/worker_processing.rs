@@ -120,3 +120,64 @@ async fn two_workers_draining_2000_events_process_each_exactly_once() {
         "nothing was claimed twice"
     );
 }
+
+struct Accepts;
+
+#[async_trait]
+impl Handler for Accepts {
+    async fn handle(&self, _: &Event, _: &mut AsyncPgConnection) -> Result<Handled, HandlerError> {
+        Ok(Handled::Applied)
+    }
+
+    fn batchable(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_sender_chosen_event_types_leave_the_metric_series_bounded() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    // Every event a type of its own, as a hostile sender would choose them; half match a
+    // route's pattern, half no route at all.
+    let events: Vec<NewEvent> = (0..10_000)
+        .map(|n| {
+            let mut event = event(n);
+            event.event_type = Some(if n % 2 == 0 {
+                format!("payment.{n}")
+            } else {
+                format!("x-{n}\u{1b}[2J")
+            });
+            event
+        })
+        .collect();
+    for chunk in events.chunks(1_000) {
+        insert_events(&mut conn, chunk).await.unwrap();
+    }
+    let router = Router::new().route(None, Some("payment.*"), Arc::new(Accepts));
+    let worker = RunningWorker::start(&db, router, worker_settings("w1"));
+    wait_for_count(
+        &mut conn,
+        "every event done",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+        10_000,
+        Duration::from_secs(120),
+    )
+    .await;
+    let page = String::from_utf8(worker.metrics.render()).unwrap();
+    worker.stop().await;
+
+    let series: Vec<&str> = page
+        .lines()
+        .filter(|line| line.starts_with("inbox_worker_events_total{"))
+        .collect();
+    assert_eq!(
+        series,
+        [
+            r#"inbox_worker_events_total{event_type="other",outcome="ignored",provider="demo"} 5000"#,
+            r#"inbox_worker_events_total{event_type="payment.*",outcome="done",provider="demo"} 5000"#,
+        ],
+        "one series per route pattern and outcome, whatever the event types"
+    );
+    assert!(!page.contains("x-1"), "no sender-chosen type in any label");
+}

@@ -109,11 +109,37 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
+/// The `event_type` label of events no route takes. Event types are chosen by the webhook's
+/// sender (up to 255 characters of anything), so metrics never use them as labels: an event
+/// is labelled with the event type pattern of the route that took it (bounded by the routes
+/// file), or this.
+pub const UNROUTED_EVENT_TYPE_LABEL: &str = "other";
+
+/// The route an event matched.
+#[derive(Clone, Copy)]
+pub struct RouteMatch<'a> {
+    /// Its handler.
+    pub handler: &'a Arc<dyn Handler>,
+    /// The route's event type pattern (`"*"` when it has none): the event's `event_type`
+    /// label in metrics.
+    pub event_type_label: &'a Arc<str>,
+}
+
+impl std::fmt::Debug for RouteMatch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteMatch")
+            .field("event_type_label", &self.event_type_label)
+            .finish_non_exhaustive()
+    }
+}
+
 #[derive(Clone)]
 struct Route {
     provider: Option<String>,
     event_type: Option<String>,
     handler: Arc<dyn Handler>,
+    /// `event_type`, or `"*"` when the route takes any: the metrics label of its events.
+    label: Arc<str>,
 }
 
 /// Chooses a handler by provider and event type; the first matching route wins. An event no
@@ -163,6 +189,7 @@ impl Router {
             provider: provider.map(str::to_owned),
             event_type: event_type.map(str::to_owned),
             handler,
+            label: Arc::from(event_type.unwrap_or("*")),
         });
         self
     }
@@ -173,13 +200,23 @@ impl Router {
         provider: &str,
         event_type: Option<&str>,
     ) -> Option<&Arc<dyn Handler>> {
+        self.route_for(provider, event_type)
+            .map(|matched| matched.handler)
+    }
+
+    /// The first route matching an event: its handler, and the event type as metrics may
+    /// label it.
+    pub fn route_for(&self, provider: &str, event_type: Option<&str>) -> Option<RouteMatch<'_>> {
         self.routes
             .iter()
             .find(|route| {
                 pattern_matches(route.provider.as_deref(), Some(provider))
                     && pattern_matches(route.event_type.as_deref(), event_type)
             })
-            .map(|route| &route.handler)
+            .map(|route| RouteMatch {
+                handler: &route.handler,
+                event_type_label: &route.label,
+            })
     }
 }
 
@@ -217,5 +254,23 @@ mod tests {
         assert_eq!(found("github", Some("push")), Some(Arc::as_ptr(&b)));
         assert_eq!(found("github", None), Some(Arc::as_ptr(&b)));
         assert_eq!(found("shopify", Some("orders/create")), None);
+    }
+
+    #[test]
+    fn metrics_label_an_event_by_its_route_pattern_never_by_its_own_type() {
+        let router = Router::new()
+            .route(Some("stripe"), Some("payment_intent.*"), Arc::new(Named))
+            .route(Some("github"), None, Arc::new(Named));
+        let label = |p, t| {
+            router
+                .route_for(p, t)
+                .map(|m| m.event_type_label.to_string())
+        };
+        assert_eq!(
+            label("stripe", Some("payment_intent.\u{1b}[31mwhatever")),
+            Some("payment_intent.*".to_owned())
+        );
+        assert_eq!(label("github", Some("push")), Some("*".to_owned()));
+        assert_eq!(label("stripe", Some("charge.refunded")), None);
     }
 }

@@ -15,5 +15,5 @@ pub mod routes;
 pub mod runner;
 pub mod tls;
 
-pub use handler::{Event, Handled, Handler, HandlerError, Router};
+pub use handler::{Event, Handled, Handler, HandlerError, RouteMatch, Router};
 pub use runner::{Worker, WorkerSettings};

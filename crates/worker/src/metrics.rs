@@ -10,7 +10,8 @@ use prometheus::{
 pub struct Metrics {
     registry: Registry,
     /// `inbox_worker_events_total{provider,event_type,outcome}`: attempts finished, by outcome
-    /// (done, ignored, retry, dead, lease_lost).
+    /// (done, ignored, retry, dead, lease_lost); `event_type` is the route's event type
+    /// pattern (`*` for any), `other` for events no route takes.
     pub events: IntCounterVec,
     /// `inbox_worker_handler_duration_seconds{provider}`: handler plus completion time.
     pub handler_duration: HistogramVec,
@@ -53,7 +54,7 @@ impl Metrics {
         let events = IntCounterVec::new(
             Opts::new(
                 "worker_events_total",
-                "Event attempts finished, by provider, event type and outcome.",
+                "Event attempts finished, by provider, route event type pattern (other: no route) and outcome.",
             ),
             &["provider", "event_type", "outcome"],
         )
@@ -130,10 +131,11 @@ impl Metrics {
         }
     }
 
-    /// Counts one finished attempt.
-    pub fn count(&self, provider: &str, event_type: Option<&str>, outcome: &str) {
+    /// Counts one finished attempt. `event_type_label` is the event type pattern of the route
+    /// that took the event, or `other`: never the event's own type, which its sender chose.
+    pub fn count(&self, provider: &str, event_type_label: &str, outcome: &str) {
         self.events
-            .with_label_values(&[provider, event_type.unwrap_or(""), outcome])
+            .with_label_values(&[provider, event_type_label, outcome])
             .inc();
     }
 

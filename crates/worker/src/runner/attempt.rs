@@ -28,8 +28,8 @@ impl Worker {
         }
         match result {
             Ok(outcomes) => {
-                for (event, outcome) in batch.events().into_iter().zip(outcomes) {
-                    self.settle(event, token, outcome).await;
+                for ((event, label), outcome) in batch.labelled_events().into_iter().zip(outcomes) {
+                    self.settle(event, label, token, outcome).await;
                 }
             }
             Err(AttemptError::Worker(WorkerError::LeaseLost)) => {
@@ -37,10 +37,9 @@ impl Worker {
                     events = batch.len(),
                     "lease lost before completion: the attempt was rolled back"
                 );
-                for event in batch.events() {
+                for (event, label) in batch.labelled_events() {
                     self.metrics.lease_lost.inc();
-                    self.metrics
-                        .count(&event.provider, event.event_type.as_deref(), "lease_lost");
+                    self.metrics.count(&event.provider, label, "lease_lost");
                 }
             }
             Err(AttemptError::Worker(WorkerError::NoConnection(err))) => {
@@ -91,26 +90,24 @@ impl Worker {
                 }
             }
             batch => {
-                if let Some(event) = batch.events().first() {
-                    self.settle(event, token, Outcome::Failed(err)).await;
+                if let Some((event, label)) = batch.labelled_events().first() {
+                    self.settle(event, label, token, Outcome::Failed(err)).await;
                 }
             }
         }
     }
 
-    /// Records what became of one event of a committed attempt.
-    async fn settle(&self, event: &Event, token: Uuid, outcome: Outcome) {
-        let event_type = event.event_type.as_deref();
+    /// Records what became of one event of a committed attempt; `label` is its event type
+    /// as metrics show it.
+    async fn settle(&self, event: &Event, label: &str, token: Uuid, outcome: Outcome) {
         match outcome {
-            Outcome::Done(Handled::Applied) => {
-                self.metrics.count(&event.provider, event_type, "done")
-            }
+            Outcome::Done(Handled::Applied) => self.metrics.count(&event.provider, label, "done"),
             Outcome::Done(Handled::Ignored) => {
-                self.metrics.count(&event.provider, event_type, "ignored")
+                self.metrics.count(&event.provider, label, "ignored")
             }
             Outcome::Failed(AttemptError::Handler(HandlerError::Permanent(reason))) => {
                 let error = format!("permanent: {reason}");
-                self.settle_failure(event, token, &error, RetryDecision::GiveUp)
+                self.settle_failure(event, label, token, &error, RetryDecision::GiveUp)
                     .await;
             }
             Outcome::Failed(err) => {
@@ -123,7 +120,7 @@ impl Worker {
                     }
                     _ => backoff.decide(attempt),
                 };
-                self.settle_failure(event, token, &err.to_string(), decision)
+                self.settle_failure(event, label, token, &err.to_string(), decision)
                     .await;
             }
         }
@@ -134,6 +131,7 @@ impl Worker {
     async fn settle_failure(
         &self,
         event: &Event,
+        label: &str,
         token: Uuid,
         error: &str,
         decision: RetryDecision,
@@ -151,15 +149,14 @@ impl Worker {
             Ok::<_, WorkerError>(())
         }
         .await;
-        let event_type = event.event_type.as_deref();
         match (result, decision) {
             (Ok(()), RetryDecision::RetryAfter(delay)) => {
                 tracing::info!(error, retry_in = ?delay, "attempt failed; retry scheduled");
-                self.metrics.count(&event.provider, event_type, "retry");
+                self.metrics.count(&event.provider, label, "retry");
             }
             (Ok(()), RetryDecision::GiveUp) => {
                 tracing::error!(error, "event dead-lettered");
-                self.metrics.count(&event.provider, event_type, "dead");
+                self.metrics.count(&event.provider, label, "dead");
             }
             (Err(err), _) => {
                 // The lease will expire and the rescuer will count this as an attempt.

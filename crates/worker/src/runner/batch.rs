@@ -5,12 +5,14 @@ use std::sync::Arc;
 
 use inbox_core::inbox::ClaimedEvent;
 
-use crate::handler::{Event, Handler, Router};
+use crate::handler::{Event, Handler, Router, UNROUTED_EVENT_TYPE_LABEL};
 
 /// An event with the handler its route chose.
 pub(super) struct Routed {
     pub(super) event: Event,
     pub(super) handler: Arc<dyn Handler>,
+    /// The route's event type pattern: the event's `event_type` label in metrics.
+    pub(super) label: Arc<str>,
 }
 
 /// Events completed together by one transaction.
@@ -27,6 +29,21 @@ impl Batch {
         match self {
             Self::Unrouted(events) => events.iter().collect(),
             Self::Routed(routed) => routed.iter().map(|routed| &routed.event).collect(),
+        }
+    }
+
+    /// The batch's events, each with its `event_type` label for metrics (its route's
+    /// pattern, or [`UNROUTED_EVENT_TYPE_LABEL`]).
+    pub(super) fn labelled_events(&self) -> Vec<(&Event, &str)> {
+        match self {
+            Self::Unrouted(events) => events
+                .iter()
+                .map(|event| (event, UNROUTED_EVENT_TYPE_LABEL))
+                .collect(),
+            Self::Routed(routed) => routed
+                .iter()
+                .map(|routed| (&routed.event, &*routed.label))
+                .collect(),
         }
     }
 
@@ -57,13 +74,14 @@ pub(super) fn batches(
     let mut unrouted: Vec<Event> = Vec::new();
     let mut shared: Vec<Routed> = Vec::with_capacity(size);
     for event in rows.into_iter().map(Event::from) {
-        let Some(handler) = router.handler_for(&event.provider, event.event_type.as_deref()) else {
+        let Some(route) = router.route_for(&event.provider, event.event_type.as_deref()) else {
             unrouted.push(event);
             continue;
         };
         let routed = Routed {
+            handler: Arc::clone(route.handler),
+            label: Arc::clone(route.event_type_label),
             event,
-            handler: Arc::clone(handler),
         };
         if routed.handler.batchable() {
             shared.push(routed);

@@ -81,7 +81,7 @@ impl Worker {
         conn.transaction::<_, AttemptError, _>(async |tx| {
             let mut outcomes = Vec::with_capacity(batch.len());
             let mut completed = Vec::with_capacity(batch.len());
-            for Routed { event, handler } in batch {
+            for Routed { event, handler, .. } in batch {
                 let outcome = match savepoints {
                     Savepoints::PerEvent => {
                         self.run_in_savepoint(handler.as_ref(), event, tx).await?
