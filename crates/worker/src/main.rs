@@ -17,6 +17,8 @@ use worker::metrics::Metrics;
 use worker::runner::Retention;
 use worker::{Router, Worker, WorkerSettings};
 
+mod durations;
+mod escape;
 mod operator;
 
 /// Default dedup window: the longest provider redelivery window (Stripe, GitHub: 3 days).
@@ -137,7 +139,35 @@ fn default_name() -> String {
     format!("{host}:{}", std::process::id())
 }
 
+/// Refuses duration flags that would quietly break the worker (see [`durations`]).
+fn check_durations(args: &RunArgs) -> anyhow::Result<()> {
+    use durations::DurationFlag;
+    let mut flags = vec![
+        DurationFlag::lease("--lease", args.lease),
+        DurationFlag::interval("--poll-interval", args.poll_interval),
+        DurationFlag::interval("--rescue-interval", args.rescue_interval),
+        DurationFlag::interval("--stats-interval", args.stats_interval),
+        DurationFlag::interval("--handler-timeout", args.handler_timeout),
+        DurationFlag::wait("--shutdown-grace", args.shutdown_grace),
+        DurationFlag::retry_delay("--retry-base", args.backoff.base),
+        DurationFlag::retry_delay("--retry-cap", args.backoff.cap),
+        DurationFlag::period("--dedup-window", args.dedup_window),
+    ];
+    if let Some(retention) = args.retention {
+        flags.push(DurationFlag::period("--retention", retention));
+    }
+    durations::check_all(&flags).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        args.backoff.cap >= args.backoff.base,
+        "--retry-cap {} is below --retry-base {}",
+        humantime::format_duration(args.backoff.cap),
+        humantime::format_duration(args.backoff.base)
+    );
+    Ok(())
+}
+
 async fn run(args: RunArgs) -> anyhow::Result<()> {
+    check_durations(&args)?;
     if let Some(retention) = args.retention {
         anyhow::ensure!(
             retention >= args.dedup_window,

@@ -1,5 +1,6 @@
 //! The operator's subcommands: see the backlog, look at events, replay dead letters, purge.
 
+use std::io::{BufWriter, Write};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -7,6 +8,8 @@ use chrono::{DateTime, Utc};
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use inbox_core::operations::{self, EventFilter};
 use inbox_core::InboxStatus;
+
+use crate::escape;
 
 #[derive(Debug, clap::Args)]
 pub struct Database {
@@ -57,12 +60,17 @@ pub enum OperatorCommand {
         #[command(flatten)]
         db: Database,
     },
-    /// Show one event: its state, headers and body.
+    /// Show one event: its state, headers and body. Control characters (which a webhook's
+    /// sender chose) are shown as \u{..} escapes unless --raw is given.
     Show {
         /// Provider name.
         provider: String,
         /// The provider's event id.
         event_id: String,
+        /// Print the fields and the body exactly as stored, control characters included (for
+        /// piping the body into another program).
+        #[arg(long)]
+        raw: bool,
         #[command(flatten)]
         db: Database,
     },
@@ -109,77 +117,59 @@ fn filter_of(selection: &Selection, status: Option<InboxStatus>, ids: Vec<i64>) 
     }
 }
 
+/// Whether an error is standard output closed by its reader (`worker list | head`): the
+/// command's job is done then, not failed.
+fn is_closed_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 impl OperatorCommand {
     pub async fn run(self) -> anyhow::Result<()> {
+        let mut out = BufWriter::new(std::io::stdout());
+        let result = match self.run_to(&mut out).await {
+            Ok(()) => out.flush().map_err(anyhow::Error::from),
+            Err(err) => Err(err),
+        };
+        match result {
+            Err(err) if is_closed_pipe(&err) => Ok(()),
+            other => other,
+        }
+    }
+
+    async fn run_to(self, out: &mut impl Write) -> anyhow::Result<()> {
         match self {
-            Self::Stats { db } => stats(&mut db.connect().await?).await,
+            Self::Stats { db } => stats(out, &mut db.connect().await?).await,
             Self::List {
                 status,
                 selection,
                 limit,
                 db,
             } => {
-                let mut conn = db.connect().await?;
-                let rows =
-                    operations::list(&mut conn, &filter_of(&selection, status, Vec::new()), limit)
-                        .await?;
-                println!(
-                    "{:>10}  {:<10}  {:<12}  {:>7}  {:<25}  {:<30}  last_error",
-                    "id", "status", "provider", "attempt", "received_at", "event_id"
-                );
-                for row in rows {
-                    println!(
-                        "{:>10}  {:<10}  {:<12}  {:>7}  {:<25}  {:<30}  {}",
-                        row.id,
-                        row.status,
-                        row.provider,
-                        row.attempt,
-                        row.received_at
-                            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                        row.event_id,
-                        row.last_error.as_deref().unwrap_or("")
-                    );
-                }
-                Ok(())
+                let filter = filter_of(&selection, status, Vec::new());
+                let rows = operations::list(&mut db.connect().await?, &filter, limit).await?;
+                list(out, &rows)
             }
             Self::Show {
                 provider,
                 event_id,
+                raw,
                 db,
             } => {
                 let mut conn = db.connect().await?;
                 let event = operations::show(&mut conn, &provider, &event_id)
                     .await?
-                    .with_context(|| format!("no event {event_id:?} from provider {provider:?}"))?;
-                let s = &event.summary;
-                println!("id:              {}", s.id);
-                println!("provider:        {}", s.provider);
-                println!("event_id:        {}", s.event_id);
-                println!(
-                    "event_type:      {}",
-                    s.event_type.as_deref().unwrap_or("-")
-                );
-                println!("status:          {}", s.status);
-                println!("attempt:         {}", s.attempt);
-                println!("received_at:     {}", s.received_at.to_rfc3339());
-                println!("next_attempt_at: {}", s.next_attempt_at.to_rfc3339());
-                println!(
-                    "processed_at:    {}",
-                    s.processed_at.map_or("-".into(), |t| t.to_rfc3339())
-                );
-                println!("locked_by:       {}", s.locked_by.as_deref().unwrap_or("-"));
-                println!(
-                    "locked_until:    {}",
-                    event.locked_until.map_or("-".into(), |t| t.to_rfc3339())
-                );
-                println!(
-                    "last_error:      {}",
-                    s.last_error.as_deref().unwrap_or("-")
-                );
-                println!("headers:         {}", event.headers);
-                println!("body ({} bytes):", event.body.len());
-                println!("{}", String::from_utf8_lossy(&event.body));
-                Ok(())
+                    .with_context(|| {
+                        format!(
+                            "no event {:?} from provider {:?}",
+                            escape::line(&event_id),
+                            escape::line(&provider)
+                        )
+                    })?;
+                show(out, &event, raw)
             }
             Self::Replay {
                 ids,
@@ -196,15 +186,16 @@ impl OperatorCommand {
                 let filter = filter_of(&selection, Some(InboxStatus::Dead), ids);
                 let candidates = operations::replay_candidates(&mut conn, &filter).await?;
                 if dry_run {
-                    println!(
+                    writeln!(
+                        out,
                         "would replay {} dead event(s): {:?}",
                         candidates.len(),
                         candidates
-                    );
+                    )?;
                     return Ok(());
                 }
                 let replayed = operations::replay(&mut conn, &candidates).await?;
-                println!("replayed {replayed} dead event(s)");
+                writeln!(out, "replayed {replayed} dead event(s)")?;
                 Ok(())
             }
             Self::Purge {
@@ -217,17 +208,91 @@ impl OperatorCommand {
                 let purged =
                     operations::purge_done(&mut conn, older_than, dedup_window, batch.max(1))
                         .await?;
-                println!(
+                writeln!(
+                    out,
                     "purged {} done event(s) and {} processed-event record(s)",
                     purged.events, purged.processed_records
-                );
+                )?;
                 Ok(())
             }
         }
     }
 }
 
-async fn stats(conn: &mut AsyncPgConnection) -> anyhow::Result<()> {
+fn list(out: &mut impl Write, rows: &[operations::EventSummary]) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "{:>10}  {:<10}  {:<12}  {:>7}  {:<25}  {:<30}  last_error",
+        "id", "status", "provider", "attempt", "received_at", "event_id"
+    )?;
+    for row in rows {
+        writeln!(
+            out,
+            "{:>10}  {:<10}  {:<12}  {:>7}  {:<25}  {:<30}  {}",
+            row.id,
+            row.status,
+            escape::line(&row.provider),
+            row.attempt,
+            row.received_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            escape::line(&row.event_id),
+            escape::line(row.last_error.as_deref().unwrap_or(""))
+        )?;
+    }
+    Ok(())
+}
+
+fn show(out: &mut impl Write, event: &operations::EventDetail, raw: bool) -> anyhow::Result<()> {
+    let text = |value: &str| -> String {
+        if raw {
+            value.to_owned()
+        } else {
+            escape::line(value).into_owned()
+        }
+    };
+    let s = &event.summary;
+    writeln!(out, "id:              {}", s.id)?;
+    writeln!(out, "provider:        {}", text(&s.provider))?;
+    writeln!(out, "event_id:        {}", text(&s.event_id))?;
+    writeln!(
+        out,
+        "event_type:      {}",
+        text(s.event_type.as_deref().unwrap_or("-"))
+    )?;
+    writeln!(out, "status:          {}", s.status)?;
+    writeln!(out, "attempt:         {}", s.attempt)?;
+    writeln!(out, "received_at:     {}", s.received_at.to_rfc3339())?;
+    writeln!(out, "next_attempt_at: {}", s.next_attempt_at.to_rfc3339())?;
+    let processed_at = s.processed_at.map_or("-".into(), |t| t.to_rfc3339());
+    writeln!(out, "processed_at:    {processed_at}")?;
+    writeln!(
+        out,
+        "locked_by:       {}",
+        text(s.locked_by.as_deref().unwrap_or("-"))
+    )?;
+    let locked_until = event.locked_until.map_or("-".into(), |t| t.to_rfc3339());
+    writeln!(out, "locked_until:    {locked_until}")?;
+    writeln!(
+        out,
+        "last_error:      {}",
+        text(s.last_error.as_deref().unwrap_or("-"))
+    )?;
+    writeln!(out, "headers:         {}", text(&event.headers.to_string()))?;
+    writeln!(out, "body ({} bytes):", event.body.len())?;
+    if raw {
+        out.write_all(&event.body)?;
+        writeln!(out)?;
+    } else {
+        writeln!(
+            out,
+            "{}",
+            escape::block(&String::from_utf8_lossy(&event.body))
+        )?;
+    }
+    Ok(())
+}
+
+async fn stats(out: &mut impl Write, conn: &mut AsyncPgConnection) -> anyhow::Result<()> {
     let backlog = operations::backlog(conn).await?;
     let counts = operations::count_by_status(conn).await?;
     let count_of = |status| {
@@ -236,21 +301,26 @@ async fn stats(conn: &mut AsyncPgConnection) -> anyhow::Result<()> {
             .find(|(s, _)| *s == status)
             .map_or(0, |(_, n)| *n)
     };
-    println!("ready:       {} ({} due now)", backlog.ready, backlog.due);
-    println!("processing:  {}", backlog.processing);
-    println!("done:        {}", count_of(InboxStatus::Done));
-    println!("dead:        {}", backlog.dead);
-    println!(
+    writeln!(
+        out,
+        "ready:       {} ({} due now)",
+        backlog.ready, backlog.due
+    )?;
+    writeln!(out, "processing:  {}", backlog.processing)?;
+    writeln!(out, "done:        {}", count_of(InboxStatus::Done))?;
+    writeln!(out, "dead:        {}", backlog.dead)?;
+    writeln!(
+        out,
         "oldest unprocessed: {}",
         humantime::format_duration(Duration::from_secs(
             backlog.oldest_unprocessed_age_seconds.max(0.0) as u64
         ))
-    );
+    )?;
     let errors = operations::top_errors(conn, 5).await?;
     if !errors.is_empty() {
-        println!("top errors (ready and dead events):");
+        writeln!(out, "top errors (ready and dead events):")?;
         for error in errors {
-            println!("  {:>8}  {}", error.rows, error.error);
+            writeln!(out, "  {:>8}  {}", error.rows, escape::line(&error.error))?;
         }
     }
     Ok(())

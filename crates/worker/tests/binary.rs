@@ -324,3 +324,97 @@ fn help_explains_every_subcommand() {
         assert!(text.contains(flag), "{flag} missing from:\n{text}");
     }
 }
+
+#[test]
+fn zero_and_absurd_durations_are_refused_at_start_with_the_flag_named() {
+    // Refused before any connection is attempted: the database URL is never used.
+    for (flag, value) in [
+        ("--lease", "0s"),
+        ("--rescue-interval", "0s"),
+        ("--poll-interval", "0s"),
+        ("--stats-interval", "0s"),
+        ("--handler-timeout", "0s"),
+        ("--retry-base", "0s"),
+        ("--lease", "2days"),
+    ] {
+        let output = Command::new(WORKER)
+            .args(["run", "--metrics-listen", "127.0.0.1:0", flag, value])
+            .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{flag} {value} accepted");
+        assert!(
+            stderr.contains(&format!("{flag} {value} is out of range")),
+            "{flag} {value}: {stderr}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_into_a_closed_pipe_ends_quietly_and_show_escapes_control_characters() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let mut hostile = event(0, "x\u{1b}]0;owned\u{7}");
+    hostile.event_id = "evt_\u{1b}[2J".into();
+    hostile.body = b"{\"note\":\"\x1b[31mred\x1b[0m\"}\n".to_vec();
+    insert_events(&mut conn, &[hostile]).await.unwrap();
+    // More rows than a pipe buffers, so the writer is still writing when the reader leaves.
+    let events: Vec<NewEvent> = (1..=3_000).map(|n| event(n, "test.event")).collect();
+    for chunk in events.chunks(1_000) {
+        insert_events(&mut conn, chunk).await.unwrap();
+    }
+
+    // `worker list --limit 5000 | head -1`
+    let mut list = worker(&db, &["list", "--limit", "5000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first_line = String::new();
+    {
+        use std::io::BufRead;
+        let mut reader = std::io::BufReader::new(list.stdout.take().unwrap());
+        reader.read_line(&mut first_line).unwrap();
+    } // the reader closes its end here
+    let output = list.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(first_line.contains("event_id"), "{first_line}");
+    assert!(output.status.success(), "{:?}: {stderr}", output.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let shown = output_of_show(&db, &[]);
+    assert!(
+        !shown.contains(&0x1b) && !shown.contains(&0x07),
+        "no raw control characters"
+    );
+    let shown = String::from_utf8(shown).unwrap();
+    assert!(shown.contains("event_id:        evt_\\u{1b}[2J"), "{shown}");
+    assert!(
+        shown.contains("event_type:      x\\u{1b}]0;owned\\u{7}"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("{\"note\":\"\\u{1b}[31mred\\u{1b}[0m\"}"),
+        "{shown}"
+    );
+    let raw = output_of_show(&db, &["--raw"]);
+    assert!(
+        raw.windows(5).any(|w| w == b"\x1b[31m"),
+        "--raw prints the body as stored"
+    );
+}
+
+/// `worker show demo 'evt_ESC[2J' ARGS...`, its standard output.
+fn output_of_show(db: &TestDatabase, args: &[&str]) -> Vec<u8> {
+    let mut all = vec!["show", "demo", "evt_\u{1b}[2J"];
+    all.extend_from_slice(args);
+    let output = output(db, &all);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output.stdout
+}
