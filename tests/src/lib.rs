@@ -138,6 +138,7 @@ pub fn worker_settings(name: &str) -> WorkerSettings {
         poll_interval: Duration::from_millis(50),
         rescue_interval: Duration::from_millis(200),
         handler_timeout: Duration::from_secs(5),
+        database_limits: worker::limits::DatabaseLimits::default(),
         backoff: BackoffPolicy {
             base: Duration::from_millis(5),
             cap: Duration::from_millis(20),

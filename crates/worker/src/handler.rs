@@ -11,6 +11,8 @@ use chrono::{DateTime, Utc};
 use diesel_async::AsyncPgConnection;
 use inbox_core::inbox::ClaimedEvent;
 
+use crate::limits::DatabaseLimits;
+
 /// An event as a handler sees it.
 #[derive(Debug, Clone)]
 pub struct Event {
@@ -123,12 +125,15 @@ pub struct RouteMatch<'a> {
     /// The route's event type pattern (`"*"` when it has none): the event's `event_type`
     /// label in metrics.
     pub event_type_label: &'a Arc<str>,
+    /// The route's own database timeouts (unset: the worker's).
+    pub limits: DatabaseLimits,
 }
 
 impl std::fmt::Debug for RouteMatch<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RouteMatch")
             .field("event_type_label", &self.event_type_label)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -140,6 +145,7 @@ struct Route {
     handler: Arc<dyn Handler>,
     /// `event_type`, or `"*"` when the route takes any: the metrics label of its events.
     label: Arc<str>,
+    limits: DatabaseLimits,
 }
 
 /// Chooses a handler by provider and event type; the first matching route wins. An event no
@@ -180,16 +186,28 @@ impl Router {
     /// Adds a route. `provider` and `event_type` are patterns: `None` or `"*"` for any,
     /// `"payment.*"` for a prefix, otherwise an exact name.
     pub fn route(
+        self,
+        provider: Option<&str>,
+        event_type: Option<&str>,
+        handler: Arc<dyn Handler>,
+    ) -> Self {
+        self.route_with_limits(provider, event_type, handler, DatabaseLimits::default())
+    }
+
+    /// Adds a route whose attempts run with their own statement and lock timeouts.
+    pub fn route_with_limits(
         mut self,
         provider: Option<&str>,
         event_type: Option<&str>,
         handler: Arc<dyn Handler>,
+        limits: DatabaseLimits,
     ) -> Self {
         self.routes.push(Route {
             provider: provider.map(str::to_owned),
             event_type: event_type.map(str::to_owned),
             handler,
             label: Arc::from(event_type.unwrap_or("*")),
+            limits,
         });
         self
     }
@@ -216,6 +234,7 @@ impl Router {
             .map(|route| RouteMatch {
                 handler: &route.handler,
                 event_type_label: &route.label,
+                limits: route.limits,
             })
     }
 }

@@ -9,6 +9,7 @@
 pub mod demo;
 pub mod forward;
 pub mod handler;
+pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod routes;

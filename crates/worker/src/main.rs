@@ -13,6 +13,7 @@ use inbox_core::telemetry::LogArgs;
 use inbox_core::BackoffPolicy;
 use tokio::sync::watch;
 use worker::demo::DemoLedger;
+use worker::limits::DatabaseLimits;
 use worker::metrics::Metrics;
 use worker::runner::Retention;
 use worker::{Router, Worker, WorkerSettings};
@@ -101,6 +102,15 @@ struct RunArgs {
     /// Longest a handler may run; a slower attempt counts as failed and is retried.
     #[arg(long, env = "WORKER_HANDLER_TIMEOUT", value_parser = humantime::parse_duration, default_value = "60s")]
     handler_timeout: Duration,
+    /// Longest one statement of an attempt's transaction may run (statement_timeout, set per
+    /// transaction; a route may set its own). Default: half the lease.
+    #[arg(long, env = "WORKER_STATEMENT_TIMEOUT", value_parser = humantime::parse_duration)]
+    statement_timeout: Option<Duration>,
+    /// Longest one statement of an attempt may wait for a lock (lock_timeout, set per
+    /// transaction; a route may set its own): a handler blocked on a row lock fails and its
+    /// event is retried. Default: a sixth of the lease.
+    #[arg(long, env = "WORKER_LOCK_TIMEOUT", value_parser = humantime::parse_duration)]
+    lock_timeout: Option<Duration>,
     /// On SIGTERM: how long handlers in flight may take to finish. Set the orchestrator's
     /// termination grace period above this.
     #[arg(long, env = "WORKER_SHUTDOWN_GRACE", value_parser = humantime::parse_duration, default_value = "30s")]
@@ -156,6 +166,12 @@ fn check_durations(args: &RunArgs) -> anyhow::Result<()> {
     if let Some(retention) = args.retention {
         flags.push(DurationFlag::period("--retention", retention));
     }
+    if let Some(timeout) = args.statement_timeout {
+        flags.push(DurationFlag::interval("--statement-timeout", timeout));
+    }
+    if let Some(timeout) = args.lock_timeout {
+        flags.push(DurationFlag::interval("--lock-timeout", timeout));
+    }
     durations::check_all(&flags).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(
         args.backoff.cap >= args.backoff.base,
@@ -197,6 +213,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         poll_interval: args.poll_interval,
         rescue_interval: args.rescue_interval,
         handler_timeout: args.handler_timeout,
+        database_limits: DatabaseLimits {
+            statement_timeout: args.statement_timeout,
+            lock_timeout: args.lock_timeout,
+        },
         backoff: args.backoff,
         shutdown_grace: args.shutdown_grace,
         heartbeat: true,

@@ -16,6 +16,8 @@
 //!
 //! [[routes]]
 //! handler = "demo"                         # the demo ledger and payments handler
+//! statement_timeout = "5s"                 # optional, any handler: bounds on the database
+//! lock_timeout = "1s"                      # time of each attempt (default: the worker's)
 //! ```
 //!
 //! Events no route matches are completed as ignored (and counted), never retried. Relative
@@ -30,6 +32,7 @@ use serde::Deserialize;
 use crate::demo::DemoLedger;
 use crate::forward::{Forward, ForwardSettings};
 use crate::handler::Router;
+use crate::limits::DatabaseLimits;
 use crate::tls::{ClientIdentity, TlsSettings};
 
 /// Default forward timeout.
@@ -81,6 +84,8 @@ struct RouteSpec {
     ca_file: Option<PathBuf>,
     client_cert: Option<PathBuf>,
     client_key: Option<PathBuf>,
+    statement_timeout: Option<String>,
+    lock_timeout: Option<String>,
 }
 
 impl RouteSpec {
@@ -143,6 +148,22 @@ fn forward_settings(route: RouteSpec, base: &Path) -> Result<ForwardSettings, St
     })
 }
 
+/// The route's own database timeouts.
+fn limits_of(route: &RouteSpec) -> Result<DatabaseLimits, String> {
+    let optional = |text: Option<&str>, name: &str| {
+        text.map(|t| match humantime::parse_duration(t) {
+            Ok(duration) if !duration.is_zero() => Ok(duration),
+            Ok(_) => Err(format!("{name} must be above zero")),
+            Err(e) => Err(format!("{name} {t:?}: {e}")),
+        })
+        .transpose()
+    };
+    Ok(DatabaseLimits {
+        statement_timeout: optional(route.statement_timeout.as_deref(), "statement_timeout")?,
+        lock_timeout: optional(route.lock_timeout.as_deref(), "lock_timeout")?,
+    })
+}
+
 /// The handler one route names.
 fn handler_of(route: RouteSpec, base: &Path) -> Result<Arc<dyn crate::Handler>, String> {
     match route.handler {
@@ -171,9 +192,13 @@ pub fn parse_routes(text: &str, path: &Path) -> Result<Router, RoutesError> {
     for (index, route) in file.routes.into_iter().enumerate() {
         let provider = route.provider.clone();
         let event_type = route.event_type.clone();
+        let number = index + 1;
+        let limits =
+            limits_of(&route).map_err(|message| invalid(format!("route #{number}: {message}")))?;
         let handler = handler_of(route, base)
-            .map_err(|message| invalid(format!("route #{}: {message}", index + 1)))?;
-        router = router.route(provider.as_deref(), event_type.as_deref(), handler);
+            .map_err(|message| invalid(format!("route #{number}: {message}")))?;
+        router =
+            router.route_with_limits(provider.as_deref(), event_type.as_deref(), handler, limits);
     }
     Ok(router)
 }

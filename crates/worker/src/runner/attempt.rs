@@ -10,6 +10,7 @@ use inbox_core::inbox;
 use uuid::Uuid;
 
 use super::batch::Batch;
+use super::session::AttemptSession;
 use super::transaction::Outcome;
 use super::{AttemptError, Worker, WorkerError};
 use crate::handler::{Event, Handled, HandlerError};
@@ -59,7 +60,10 @@ impl Worker {
         let transaction = async {
             match batch {
                 Batch::Unrouted(events) => self.complete_unrouted(events, token).await,
-                Batch::Routed(routed) => self.run_transaction(routed, token).await,
+                Batch::Routed(routed) => {
+                    let session = AttemptSession::default();
+                    self.run_transaction(routed, token, &session).await
+                }
             }
         };
         if !self.settings.heartbeat {

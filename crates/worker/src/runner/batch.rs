@@ -6,6 +6,7 @@ use std::sync::Arc;
 use inbox_core::inbox::ClaimedEvent;
 
 use crate::handler::{Event, Handler, Router, UNROUTED_EVENT_TYPE_LABEL};
+use crate::limits::DatabaseLimits;
 
 /// An event with the handler its route chose.
 pub(super) struct Routed {
@@ -13,6 +14,8 @@ pub(super) struct Routed {
     pub(super) handler: Arc<dyn Handler>,
     /// The route's event type pattern: the event's `event_type` label in metrics.
     pub(super) label: Arc<str>,
+    /// The route's own database timeouts.
+    pub(super) limits: DatabaseLimits,
 }
 
 /// Events completed together by one transaction.
@@ -81,6 +84,7 @@ pub(super) fn batches(
         let routed = Routed {
             handler: Arc::clone(route.handler),
             label: Arc::clone(route.event_type_label),
+            limits: route.limits,
             event,
         };
         if routed.handler.batchable() {

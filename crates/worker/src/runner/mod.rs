@@ -28,6 +28,7 @@ mod claim;
 mod error;
 mod heartbeat;
 mod housekeeping;
+mod session;
 mod settings;
 mod transaction;
 

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use inbox_core::BackoffPolicy;
 
+use crate::limits::DatabaseLimits;
+
 /// How a worker claims and runs events.
 #[derive(Debug, Clone)]
 pub struct WorkerSettings {
@@ -24,8 +26,12 @@ pub struct WorkerSettings {
     pub poll_interval: Duration,
     /// How often expired leases are looked for.
     pub rescue_interval: Duration,
-    /// Longest a handler may run before its attempt counts as failed (retryable).
+    /// Longest a handler may run before its attempt counts as failed (retryable); its
+    /// statement is then cancelled and its connection closed.
     pub handler_timeout: Duration,
+    /// `statement_timeout` and `lock_timeout` of every attempt's transaction, unless its
+    /// route sets its own; unset, derived from the lease (see [`DatabaseLimits::resolve`]).
+    pub database_limits: DatabaseLimits,
     /// Retry policy.
     pub backoff: BackoffPolicy,
     /// On shutdown, how long handlers in flight may take to finish before they are abandoned

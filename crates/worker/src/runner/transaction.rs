@@ -9,8 +9,10 @@ use inbox_core::inbox;
 use uuid::Uuid;
 
 use super::batch::Routed;
-use super::{AttemptError, Worker};
+use super::session::{self, AttemptSession};
+use super::{AttemptError, Worker, WorkerError};
 use crate::handler::{Event, Handled, Handler, HandlerError};
+use crate::limits::AttemptLimits;
 
 /// Whether the events of a transaction run in savepoints of their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,12 +44,17 @@ impl Worker {
         &self,
         batch: &[Routed],
         token: Uuid,
+        session: &AttemptSession,
     ) -> Result<Vec<Outcome>, AttemptError> {
-        match self.run_events(batch, token, Savepoints::None).await {
+        match self
+            .run_events(batch, token, Savepoints::None, session)
+            .await
+        {
             // Alone in its transaction, the event's failure is settled after the rollback.
             Err(AttemptError::Handler(_)) if batch.len() > 1 => {
                 self.metrics.savepoint_reruns.inc();
-                self.run_events(batch, token, Savepoints::PerEvent).await
+                self.run_events(batch, token, Savepoints::PerEvent, session)
+                    .await
             }
             result => result,
         }
@@ -70,36 +77,59 @@ impl Worker {
     }
 
     /// One transaction running the handlers of `batch` and completing the ones that
-    /// succeeded.
+    /// succeeded, under the statement and lock timeouts of their routes. A connection whose
+    /// handler was abandoned mid-statement is closed rather than pooled again.
     async fn run_events(
         &self,
         batch: &[Routed],
         token: Uuid,
         savepoints: Savepoints,
+        session: &AttemptSession,
     ) -> Result<Vec<Outcome>, AttemptError> {
         let mut conn = self.connection().await?;
-        conn.transaction::<_, AttemptError, _>(async |tx| {
-            let mut outcomes = Vec::with_capacity(batch.len());
-            let mut completed = Vec::with_capacity(batch.len());
-            for Routed { event, handler, .. } in batch {
-                let outcome = match savepoints {
-                    Savepoints::PerEvent => {
-                        self.run_in_savepoint(handler.as_ref(), event, tx).await?
+        session.reset();
+        let result = conn
+            .transaction::<_, AttemptError, _>(async |tx| {
+                let mut outcomes = Vec::with_capacity(batch.len());
+                let mut completed = Vec::with_capacity(batch.len());
+                let mut current_limits = None;
+                for routed in batch {
+                    let limits = self.attempt_limits(routed);
+                    if current_limits != Some(limits) {
+                        session.started_on(session::limit_transaction(tx, limits).await?);
+                        current_limits = Some(limits);
                     }
-                    // Without savepoints, a failure rolls the transaction back.
-                    Savepoints::None => {
-                        Outcome::Done(self.run_handler(handler.as_ref(), event, tx).await?)
+                    let (event, handler) = (&routed.event, routed.handler.as_ref());
+                    let outcome = match savepoints {
+                        Savepoints::PerEvent => {
+                            self.run_in_savepoint(handler, event, tx, session).await?
+                        }
+                        // Without savepoints, a failure rolls the transaction back.
+                        Savepoints::None => {
+                            Outcome::Done(self.run_handler(handler, event, tx, session).await?)
+                        }
+                    };
+                    if matches!(outcome, Outcome::Done(_)) {
+                        completed.push(event.id);
                     }
-                };
-                if matches!(outcome, Outcome::Done(_)) {
-                    completed.push(event.id);
+                    outcomes.push(outcome);
                 }
-                outcomes.push(outcome);
-            }
-            inbox::complete_all(tx, &completed, token).await?;
-            Ok(outcomes)
-        })
-        .await
+                inbox::complete_all(tx, &completed, token).await?;
+                Ok(outcomes)
+            })
+            .await;
+        if session.is_abandoned() {
+            session::discard(&mut conn);
+        }
+        result
+    }
+
+    /// The timeouts of `routed`'s attempt: its route's, else the worker's, else the lease's.
+    fn attempt_limits(&self, routed: &Routed) -> AttemptLimits {
+        routed
+            .limits
+            .or(self.settings.database_limits)
+            .resolve(self.settings.lease)
     }
 
     /// Runs one handler in a savepoint (a nested transaction): its failure undoes only its
@@ -109,10 +139,11 @@ impl Worker {
         handler: &dyn Handler,
         event: &Event,
         tx: &mut AsyncPgConnection,
+        session: &AttemptSession,
     ) -> Result<Outcome, AttemptError> {
         let result = tx
             .transaction::<_, AttemptError, _>(async |savepoint| {
-                Ok(self.run_handler(handler, event, savepoint).await?)
+                Ok(self.run_handler(handler, event, savepoint, session).await?)
             })
             .await;
         match result {
@@ -122,24 +153,48 @@ impl Worker {
         }
     }
 
-    /// Runs one handler, turning a timeout or a panic into a retryable failure.
+    /// Runs one handler, turning a timeout or a panic into a retryable failure. A handler
+    /// that timed out may have left a statement running (waiting on a lock, say): it is
+    /// cancelled on the server, so the rollback that follows does not wait behind it.
     async fn run_handler(
         &self,
         handler: &dyn Handler,
         event: &Event,
         tx: &mut AsyncPgConnection,
+        session: &AttemptSession,
     ) -> Result<Handled, HandlerError> {
         let timeout = self.settings.handler_timeout;
         let run = AssertUnwindSafe(handler.handle(event, tx)).catch_unwind();
         match tokio::time::timeout(timeout, run).await {
-            Err(_elapsed) => Err(HandlerError::Retryable(format!(
-                "handler timed out after {timeout:?}"
-            ))),
+            Err(_elapsed) => {
+                self.cancel_statement(session).await;
+                Err(HandlerError::Retryable(format!(
+                    "handler timed out after {timeout:?}"
+                )))
+            }
             Ok(Err(panic)) => Err(HandlerError::Retryable(format!(
                 "handler panicked: {}",
                 panic_message(&panic)
             ))),
             Ok(Ok(result)) => result,
+        }
+    }
+
+    /// Cancels, from another connection, whatever statement the attempt's backend runs, and
+    /// marks the attempt's connection for closing.
+    pub(super) async fn cancel_statement(&self, session: &AttemptSession) {
+        session.abandon();
+        let Some(pid) = session.backend() else {
+            return;
+        };
+        let cancelled = async {
+            let mut conn = self.connection().await?;
+            Ok::<_, WorkerError>(session::cancel_statement(&mut conn, pid).await?)
+        }
+        .await;
+        if let Err(err) = cancelled {
+            // The statement still ends at its statement_timeout or lock_timeout.
+            tracing::warn!(error = %err, pid, "cancelling an abandoned statement failed");
         }
     }
 }
