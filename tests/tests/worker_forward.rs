@@ -240,3 +240,87 @@ async fn forwarded_events_carry_the_exact_body_and_an_idempotency_key_and_retry_
         1
     );
 }
+
+/// A target that takes requests and answers none until told to.
+#[derive(Default)]
+struct HeldTarget {
+    received: std::sync::atomic::AtomicUsize,
+    release: tokio::sync::Notify,
+}
+
+async fn hold(target: web::Data<HeldTarget>) -> HttpResponse {
+    target
+        .received
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    target.release.notified().await;
+    HttpResponse::Ok().finish()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_waiting_for_a_routes_max_in_flight_slot_hold_no_database_connection() {
+    let target = web::Data::new(HeldTarget::default());
+    let server = {
+        let target = target.clone();
+        HttpServer::new(move || {
+            App::new()
+                .app_data(target.clone())
+                .default_service(web::to(hold))
+        })
+        .workers(1)
+        .disable_signals()
+        .bind("127.0.0.1:0")
+        .unwrap()
+    };
+    let addr = server.addrs()[0];
+    let server = server.run();
+    let handle = server.handle();
+    tokio::spawn(server);
+    let routes = format!(
+        "[[routes]]\nhandler = \"forward\"\nurl = \"http://{addr}/slow\"\nmax_in_flight = 1\ntimeout = \"30s\"\n"
+    );
+    let router =
+        worker::routes::parse_routes(&routes, std::path::Path::new("routes.toml")).unwrap();
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let events: Vec<NewEvent> = (0..6)
+        .map(|n| event(&format!("evt_{n}"), "slow.thing"))
+        .collect();
+    insert_events(&mut conn, &events).await.unwrap();
+    let mut settings = worker_settings("w1");
+    settings.claimers = 1;
+    let worker = RunningWorker::start(&db, router, settings);
+
+    // One request in flight, the five other events waiting for its slot.
+    wait_until(
+        "five events wait for the route's slot",
+        Duration::from_secs(20),
+        async || {
+            worker.metrics.route_slot_waits.get() == 5
+                && target.received.load(std::sync::atomic::Ordering::SeqCst) == 1
+        },
+    )
+    .await;
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM pg_stat_activity \
+             WHERE datname = current_database() AND state LIKE 'idle in transaction%'"
+        )
+        .await,
+        1,
+        "only the event in flight holds a connection (and its transaction)"
+    );
+    // Each poll lets one held request answer.
+    wait_until("every event done", Duration::from_secs(20), async || {
+        target.release.notify_one();
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+        )
+        .await
+            == 6
+    })
+    .await;
+    worker.stop().await;
+    handle.stop(true).await;
+}

@@ -214,11 +214,7 @@ impl Handler for Forward {
         event: &Event,
         _tx: &mut AsyncPgConnection,
     ) -> Result<Handled, HandlerError> {
-        let _slot = self
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| HandlerError::Retryable("forwarder closed".into()))?;
+        // The worker holds one of `slots` while this runs.
         let response = self
             .client
             .post(self.settings.url.clone())
@@ -228,6 +224,10 @@ impl Handler for Forward {
             .await
             .map_err(|err| self.unanswered(&err))?;
         self.verdict(&response)
+    }
+
+    fn slots(&self) -> Option<Arc<Semaphore>> {
+        Some(Arc::clone(&self.slots))
     }
 }
 

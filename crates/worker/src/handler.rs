@@ -109,6 +109,14 @@ pub trait Handler: Send + Sync + 'static {
     fn batchable(&self) -> bool {
         false
     }
+
+    /// The slots of this handler's target, when it takes only so many events at once (a
+    /// forward's `max_in_flight`). The worker takes a slot before it takes the attempt's
+    /// database connection, so events waiting for a slot hold no connection; `handle` runs
+    /// only while its slot is held.
+    fn slots(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+        None
+    }
 }
 
 /// The `event_type` label of events no route takes. Event types are chosen by the webhook's

@@ -22,6 +22,9 @@ pub struct Metrics {
     pub savepoint_reruns: IntCounter,
     /// `inbox_worker_rescued_total{to}`: expired leases returned to ready or dead-lettered.
     pub rescued: IntCounterVec,
+    /// `inbox_worker_route_slot_waits`: events waiting for a slot of their route's
+    /// `max_in_flight`, holding no database connection meanwhile.
+    pub route_slot_waits: IntGauge,
     /// `inbox_backlog_ready`: events waiting, due now or later.
     pub backlog_ready: IntGauge,
     /// `inbox_backlog_due`: events due now; what worker replicas scale on.
@@ -95,6 +98,10 @@ impl Metrics {
                 IntGauge::new(name, help).unwrap_or_else(|err| panic!("{err}")),
             )
         };
+        let route_slot_waits = gauge(
+            "worker_route_slot_waits",
+            "Events waiting for a slot of their route's max_in_flight (holding no database connection).",
+        );
         let backlog_ready = gauge(
             "backlog_ready",
             "Events waiting to be processed, due now or later (read from the database).",
@@ -117,6 +124,7 @@ impl Metrics {
             .unwrap_or_else(|err| panic!("{err}")),
         );
         Self {
+            route_slot_waits,
             backlog_ready,
             backlog_due,
             backlog_processing,

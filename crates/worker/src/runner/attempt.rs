@@ -3,13 +3,15 @@
 //! letter, or nothing at all when the lease was lost (the transaction rolled back and the
 //! row belongs to whoever holds it now).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use inbox_core::backoff::RetryDecision;
 use inbox_core::inbox;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
-use super::batch::Batch;
+use super::batch::{Batch, Routed};
 use super::session::AttemptSession;
 use super::transaction::Outcome;
 use super::{AttemptError, Worker, WorkerError};
@@ -61,6 +63,7 @@ impl Worker {
             match batch {
                 Batch::Unrouted(events) => self.complete_unrouted(events, token).await,
                 Batch::Routed(routed) => {
+                    let _slots = self.route_slots(routed).await;
                     let session = AttemptSession::default();
                     self.run_transaction(routed, token, &session).await
                 }
@@ -74,6 +77,32 @@ impl Worker {
             result = transaction => result,
             never = self.heartbeat(&ids, token) => match never {},
         }
+    }
+
+    /// One slot of each limited route of `routed`, taken before the attempt's connection:
+    /// an event waiting for its target holds no database connection meanwhile.
+    async fn route_slots(&self, routed: &[Routed]) -> Vec<OwnedSemaphorePermit> {
+        let mut limits: Vec<Arc<Semaphore>> = Vec::new();
+        for slots in routed.iter().filter_map(|r| r.handler.slots()) {
+            if !limits.iter().any(|known| Arc::ptr_eq(known, &slots)) {
+                limits.push(slots);
+            }
+        }
+        let mut permits = Vec::with_capacity(limits.len());
+        for slots in limits {
+            let permit = match Arc::clone(&slots).try_acquire_owned() {
+                Ok(permit) => Ok(permit),
+                Err(_) => {
+                    self.metrics.route_slot_waits.inc();
+                    let waited = slots.acquire_owned().await;
+                    self.metrics.route_slot_waits.dec();
+                    waited
+                }
+            };
+            // A closed semaphore limits nothing any more.
+            permits.extend(permit.ok());
+        }
+        permits
     }
 
     /// A transaction that failed as a whole. Shared, it failed for itself (not one handler:
