@@ -1,12 +1,23 @@
--- The worker's loop at its cheapest: claim 100 due rows under a lease (one statement, its own
--- commit), then complete them, fenced by the lease token (a second statement and commit).
+-- The worker's loop at its cheapest: claim 100 due queue rows under a lease, returning each
+-- event's journal columns and body (one statement, its own commit), then complete them, fenced
+-- by the lease token: queue rows deleted, finished rows written (a second statement and commit).
 \set tag random(1, 2000000000)
-UPDATE webhook_inbox AS inbox
-SET status = 1, attempt = inbox.attempt + 1, lease_token = md5(:client_id || '-' || :tag)::uuid,
-    locked_by = 'pgbench', locked_until = now() + interval '30 seconds'
-FROM (SELECT id FROM webhook_inbox WHERE status = 0 AND next_attempt_at <= now()
-      ORDER BY next_attempt_at LIMIT 100 FOR UPDATE SKIP LOCKED) AS due
-WHERE inbox.id = due.id;
-UPDATE webhook_inbox
-SET status = 2, processed_at = now(), lease_token = NULL, locked_until = NULL
-WHERE lease_token = md5(:client_id || '-' || :tag)::uuid AND status = 1;
+WITH claimed AS (
+    UPDATE inbox_queue AS queue
+    SET status = 1, attempt = queue.attempt + 1, lease_token = md5(:client_id || '-' || :tag)::uuid,
+        locked_by = 'pgbench', locked_until = now() + interval '30 seconds'
+    WHERE queue.id = ANY(ARRAY(SELECT id FROM inbox_queue WHERE status = 0 AND next_attempt_at <= now()
+                               ORDER BY next_attempt_at LIMIT 100 FOR UPDATE SKIP LOCKED))
+    RETURNING queue.id, queue.attempt, queue.next_attempt_at
+)
+SELECT event.id, event.provider, event.event_id, event.event_type, event.received_at,
+       event.headers, event.body, claimed.attempt
+FROM claimed JOIN inbox_events AS event ON event.id = claimed.id
+ORDER BY claimed.next_attempt_at, event.id;
+WITH completed AS (
+    DELETE FROM inbox_queue
+    WHERE lease_token = md5(:client_id || '-' || :tag)::uuid AND status = 1
+    RETURNING id, attempt, locked_by
+)
+INSERT INTO inbox_finished (id, status, attempt, locked_by, processed_at)
+SELECT id, 2, attempt, locked_by, clock_timestamp() FROM completed;

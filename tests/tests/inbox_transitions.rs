@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use diesel_async::RunQueryDsl;
 use inbox_core::inbox::{self, NewEvent, TransitionError};
-use inbox_core::schema::{demo_ledger, demo_payments, processed_events, webhook_inbox};
+use inbox_core::schema::{
+    demo_ledger, demo_payments, inbox_events, inbox_finished, inbox_queue, processed_events,
+    webhook_inbox,
+};
 use inbox_tests::count;
 use test_db::TestDatabase;
 
@@ -95,7 +98,7 @@ async fn expired_leases_are_requeued_or_dead_lettered_when_out_of_attempts() {
     let mut conn = db.connect().await;
     inbox::insert_events(&mut conn, &events(2)).await.unwrap();
     // evt_1 has used its last attempt (3 of 3) when its lease expires.
-    diesel::sql_query("UPDATE webhook_inbox SET attempt = 2 WHERE event_id = 'evt_1'")
+    diesel::sql_query("UPDATE inbox_queue SET attempt = 2 WHERE id = (SELECT id FROM inbox_events WHERE event_id = 'evt_1')")
         .execute(&mut conn)
         .await
         .unwrap();
@@ -104,7 +107,7 @@ async fn expired_leases_are_requeued_or_dead_lettered_when_out_of_attempts() {
         .unwrap();
     assert_eq!(claim.events.len(), 2);
     // The crashed worker's leases lapse.
-    diesel::sql_query("UPDATE webhook_inbox SET locked_until = now() - interval '1 second'")
+    diesel::sql_query("UPDATE inbox_queue SET locked_until = now() - interval '1 second'")
         .execute(&mut conn)
         .await
         .unwrap();
@@ -209,12 +212,16 @@ async fn check_constraints_refuse_impossible_states() {
     let mut conn = db.connect().await;
     inbox::insert_events(&mut conn, &events(1)).await.unwrap();
     for impossible in [
-        "UPDATE webhook_inbox SET status = 1", // processing without a lease
-        "UPDATE webhook_inbox SET status = 7", // unknown state
-        "UPDATE webhook_inbox SET status = 2", // done without processed_at
-        "UPDATE webhook_inbox SET lease_token = gen_random_uuid(), locked_until = now()", // lease while ready
-        "UPDATE webhook_inbox SET event_id = ''", // empty dedup key
-        "UPDATE webhook_inbox SET body_sha256 = '\\x00'", // not a SHA-256
+        "UPDATE inbox_queue SET status = 1", // processing without a lease
+        "UPDATE inbox_queue SET status = 7", // unknown state
+        "UPDATE inbox_queue SET status = 2", // a finished state in the queue
+        "UPDATE inbox_queue SET attempt = -1", // negative attempts
+        "UPDATE inbox_queue SET lease_token = gen_random_uuid(), locked_until = now()", // lease while ready
+        "INSERT INTO inbox_finished (id, status, attempt, processed_at) SELECT id, 1, 0, now() FROM inbox_events", // an unfinished state among the finished
+        "INSERT INTO inbox_finished (id, status, attempt) SELECT id, 2, 0 FROM inbox_events", // done without processed_at
+        "UPDATE inbox_events SET event_id = ''", // empty dedup key
+        "UPDATE inbox_events SET body_sha256 = '\\x00'", // not a SHA-256
+        "UPDATE webhook_inbox SET status = 2", // the view is read-only
     ] {
         let result = diesel::sql_query(impossible).execute(&mut conn).await;
         assert!(result.is_err(), "accepted: {impossible}");
@@ -248,6 +255,43 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
         )>(&mut conn)
         .await
         .unwrap();
+    inbox_events::table
+        .load::<(
+            i64,
+            String,
+            String,
+            Option<String>,
+            chrono::DateTime<chrono::Utc>,
+            serde_json::Value,
+            Vec<u8>,
+            Vec<u8>,
+        )>(&mut conn)
+        .await
+        .unwrap();
+    inbox_queue::table
+        .load::<(
+            i64,
+            inbox_core::InboxStatus,
+            i32,
+            chrono::DateTime<chrono::Utc>,
+            Option<uuid::Uuid>,
+            Option<String>,
+            Option<chrono::DateTime<chrono::Utc>>,
+            Option<String>,
+        )>(&mut conn)
+        .await
+        .unwrap();
+    inbox_finished::table
+        .load::<(
+            i64,
+            inbox_core::InboxStatus,
+            i32,
+            Option<String>,
+            Option<String>,
+            chrono::DateTime<chrono::Utc>,
+        )>(&mut conn)
+        .await
+        .unwrap();
     processed_events::table
         .load::<(String, String, chrono::DateTime<chrono::Utc>)>(&mut conn)
         .await
@@ -276,8 +320,13 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
         .unwrap();
     // And no migrated column is missing from the diesel schema.
     assert_eq!(
-        count(&mut conn, "SELECT count(*) AS n FROM information_schema.columns WHERE table_schema = 'public' AND table_name IN ('webhook_inbox', 'processed_events', 'demo_ledger', 'demo_payments')").await,
-        16 + 3 + 5 + 7
+        count(&mut conn, "SELECT count(*) AS n FROM information_schema.columns WHERE table_schema = 'public' AND table_name IN ('inbox_events', 'inbox_queue', 'inbox_finished', 'webhook_inbox', 'processed_events', 'demo_ledger', 'demo_payments')").await,
+        8 + 8 + 6 + 16 + 3 + 5 + 7
+    );
+    // Nor any table.
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM information_schema.tables WHERE table_schema = 'public' AND table_name NOT LIKE '\\_\\_diesel%'").await,
+        7
     );
 }
 
@@ -328,12 +377,12 @@ async fn hand_written_hot_statements_are_prepared_once_per_connection() {
         "one server-side statement for both executions"
     );
     assert_eq!(
-        count(&mut conn, "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE 'UPDATE webhook_inbox SET status = 2%'").await,
+        count(&mut conn, "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE 'WITH completed AS ( DELETE FROM inbox_queue %'").await,
         1,
         "the completion is prepared too"
     );
     assert_eq!(
-        count(&mut conn, "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE 'INSERT INTO webhook_inbox %'").await,
+        count(&mut conn, "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE 'WITH inserted AS ( INSERT INTO inbox_events %'").await,
         1,
         "so is the ingest insert, whatever the batch size"
     );
@@ -374,7 +423,7 @@ async fn the_claims_generic_plan_reads_rows_by_primary_key() {
         .unwrap();
     inbox::claim_due(&mut conn, "a", LEASE, 10).await.unwrap();
     let names: Vec<StatementName> = diesel::sql_query(
-        "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'UPDATE webhook_inbox AS inbox%'",
+        "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'WITH claimed AS ( UPDATE inbox_queue AS queue%'",
     )
     .load(&mut conn)
     .await
@@ -388,26 +437,29 @@ async fn the_claims_generic_plan_reads_rows_by_primary_key() {
     .await
     .unwrap();
     let plan: Vec<&str> = plan.iter().map(|line| line.line.as_str()).collect();
-    assert!(
-        plan.iter()
-            .any(|line| line.contains("Index Scan using webhook_inbox_pkey")),
-        "{plan:#?}"
-    );
+    // The queue rows by primary key (an index or bitmap index scan), their bodies likewise.
+    for index in ["on inbox_queue_pkey", "using inbox_events_pkey"] {
+        assert!(
+            plan.iter()
+                .any(|line| line.contains("Index Scan") && line.contains(index)),
+            "{plan:#?}"
+        );
+    }
     assert!(
         !plan.iter().any(|line| line.contains("Seq Scan")),
         "{plan:#?}"
     );
 }
 
-/// The inbox's own autovacuum settings: it gathers two dead row versions per event.
+/// The queue's own autovacuum settings: it gathers two dead row versions per event.
 #[tokio::test]
-async fn the_inbox_is_vacuumed_after_one_percent_of_dead_rows() {
+async fn the_queue_is_vacuumed_after_one_percent_of_dead_rows() {
     let db = TestDatabase::new().await;
     let mut conn = db.connect().await;
     assert_eq!(
         count(
             &mut conn,
-            "SELECT count(*) AS n FROM pg_class WHERE relname = 'webhook_inbox' \
+            "SELECT count(*) AS n FROM pg_class WHERE relname = 'inbox_queue' \
              AND reloptions @> ARRAY['autovacuum_vacuum_scale_factor=0.01', 'autovacuum_vacuum_cost_delay=0']"
         )
         .await,

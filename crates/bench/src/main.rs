@@ -98,6 +98,15 @@ enum Command {
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
+    /// A forward target for the worker: answers every request 200, after `delay`.
+    Sink {
+        /// Address to listen on.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// How long each answer waits.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+        delay: Duration,
+    },
     /// Waits until no event is ready or processing, and reports how long that took.
     WaitDrained {
         /// Events the backlog held when the clock started.
@@ -138,6 +147,7 @@ async fn main() -> anyhow::Result<()> {
             timeout,
             database_url,
         } => wait_drained(&database_url, events, timeout).await,
+        Command::Sink { listen, delay } => sink(listen, delay).await,
     }
 }
 
@@ -391,7 +401,8 @@ async fn steady(
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let rows: Vec<Count> = diesel::sql_query(
-            "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2 AND event_id LIKE $1 || '-%'",
+            "SELECT count(*) AS n FROM inbox_finished JOIN inbox_events USING (id) \
+             WHERE status = 2 AND event_id LIKE $1 || '-%'",
         )
         .bind::<Text, _>(&target.run_id)
         .load(&mut conn)
@@ -402,7 +413,8 @@ async fn steady(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let processed: Vec<Processed> = diesel::sql_query(
-        "SELECT event_id, extract(epoch FROM processed_at)::float8 AS processed_at FROM webhook_inbox \
+        "SELECT event_id, extract(epoch FROM processed_at)::float8 AS processed_at \
+         FROM inbox_finished JOIN inbox_events USING (id) \
          WHERE status = 2 AND event_id LIKE $1 || '-%'",
     )
     .bind::<Text, _>(&target.run_id)
@@ -450,11 +462,15 @@ async fn prefill(database_url: &str, events: i64, event_type: &str) -> anyhow::R
     while from < events {
         let to = (from + chunk).min(events);
         diesel::sql_query(
-            "INSERT INTO webhook_inbox (provider, event_id, event_type, headers, body, body_sha256) \
-             SELECT 'bench', 'prefill-' || g, $3, '{\"content-type\":\"application/json\"}'::jsonb, \
-                    convert_to('{\"id\":\"prefill-' || g || '\",\"padding\":\"' || repeat('x', 990) || '\"}', 'UTF8'), \
-                    sha256(convert_to(g::text, 'UTF8')) \
-             FROM generate_series($1::bigint, $2::bigint - 1) AS g",
+            "WITH inserted AS ( \
+                 INSERT INTO inbox_events (provider, event_id, event_type, headers, body, body_sha256) \
+                 SELECT 'bench', 'prefill-' || g, $3, '{\"content-type\":\"application/json\"}'::jsonb, \
+                        convert_to('{\"id\":\"prefill-' || g || '\",\"padding\":\"' || repeat('x', 990) || '\"}', 'UTF8'), \
+                        sha256(convert_to(g::text, 'UTF8')) \
+                 FROM generate_series($1::bigint, $2::bigint - 1) AS g \
+                 RETURNING id \
+             ) \
+             INSERT INTO inbox_queue (id) SELECT id FROM inserted",
         )
         .bind::<BigInt, _>(from)
         .bind::<BigInt, _>(to)
@@ -463,7 +479,8 @@ async fn prefill(database_url: &str, events: i64, event_type: &str) -> anyhow::R
         .await?;
         from = to;
     }
-    conn.batch_execute("VACUUM ANALYZE webhook_inbox").await?;
+    conn.batch_execute("VACUUM ANALYZE inbox_events; VACUUM ANALYZE inbox_queue")
+        .await?;
     println!(
         "{}",
         serde_json::json!({"prefilled": events, "seconds": started.elapsed().as_secs_f64()})
@@ -478,7 +495,7 @@ async fn wait_drained(database_url: &str, events: i64, timeout: Duration) -> any
         let rows: Vec<Count> =
             // Stops at the first unfinished row: the poll must not load the database it measures.
             diesel::sql_query(
-                "SELECT count(*) AS n FROM (SELECT 1 FROM webhook_inbox WHERE status IN (0, 1) LIMIT 1) AS unfinished",
+                "SELECT count(*) AS n FROM (SELECT 1 FROM inbox_queue LIMIT 1) AS unfinished",
             )
                 .load(&mut conn)
                 .await?;
@@ -497,4 +514,54 @@ async fn wait_drained(database_url: &str, events: i64, timeout: Duration) -> any
         serde_json::json!({"events": events, "seconds": seconds, "per_second": events as f64 / seconds})
     );
     Ok(())
+}
+
+/// Serves HTTP/1.1 keep-alive connections, answering each request `200` with an empty body
+/// after `delay`. Only what a forwarding worker sends is understood: a `Content-Length` body.
+async fn sink(listen: std::net::SocketAddr, delay: Duration) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        tokio::spawn(async move {
+            // A connection that breaks is the client's business.
+            let _ = sink_connection(stream, delay).await;
+        });
+    }
+}
+
+async fn sink_connection(mut stream: tokio::net::TcpStream, delay: Duration) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buffer: Vec<u8> = Vec::with_capacity(8192);
+    let mut chunk = [0u8; 8192];
+    loop {
+        // Until the end of the request's headers, then its body.
+        let head_end = loop {
+            if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+            let read = stream.read(&mut chunk).await?;
+            if read == 0 {
+                return Ok(());
+            }
+            buffer.extend_from_slice(&chunk[..read]);
+        };
+        let head = String::from_utf8_lossy(&buffer[..head_end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length:"))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or(0);
+        while buffer.len() < head_end + length {
+            let read = stream.read(&mut chunk).await?;
+            anyhow::ensure!(read > 0, "connection closed inside a request body");
+            buffer.extend_from_slice(&chunk[..read]);
+        }
+        buffer.drain(..head_end + length);
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        stream
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .await?;
+    }
 }

@@ -1,5 +1,9 @@
 //! The operator's queries: backlog statistics, listing and showing events, replaying dead
 //! letters, and purging old done rows within the dedup window's limits.
+//!
+//! Counts and writes go to the tables that hold each state (`inbox_queue` for ready and
+//! processing events, `inbox_finished` for done and dead ones); listing and showing read the
+//! `webhook_inbox` view, one row per event.
 
 use std::time::Duration;
 
@@ -8,12 +12,12 @@ use diesel::prelude::*;
 use diesel::sql_types::{Array, BigInt, Double, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use crate::schema::webhook_inbox;
+use crate::schema::{inbox_queue, webhook_inbox};
 use crate::statuses_sql;
 use crate::InboxStatus;
 
-/// The cheap backlog figures every worker exports as gauges. Reads only the ready,
-/// processing and dead rows, through their partial indexes.
+/// The cheap backlog figures every worker exports as gauges. Reads only the queue (ready and
+/// processing rows) and the dead rows' partial index, never the done ones.
 #[derive(Debug, Clone, Copy, Default, PartialEq, QueryableByName)]
 pub struct Backlog {
     /// Rows waiting, due now or later.
@@ -35,15 +39,18 @@ pub struct Backlog {
 
 /// Reads the [`Backlog`].
 pub async fn backlog(conn: &mut AsyncPgConnection) -> QueryResult<Backlog> {
+    // The oldest unprocessed event is the queue's lowest id: ids follow arrival.
     diesel::sql_query(statuses_sql!(
-        "SELECT count(*) FILTER (WHERE status = {ready}) AS ready, \
-                count(*) FILTER (WHERE status = {ready} AND next_attempt_at <= now()) AS due, \
-                count(*) FILTER (WHERE status = {processing}) AS processing, \
-                count(*) FILTER (WHERE status = {dead}) AS dead, \
-                coalesce(extract(epoch FROM now() - min(received_at) \
-                    FILTER (WHERE status IN ({ready}, {processing}))), 0)::float8 \
+        "SELECT queue.ready, queue.due, queue.processing, \
+                (SELECT count(*) FROM inbox_finished WHERE status = {dead}) AS dead, \
+                coalesce(extract(epoch FROM now() - ( \
+                    SELECT received_at FROM inbox_events \
+                    WHERE id = (SELECT min(id) FROM inbox_queue))), 0)::float8 \
                     AS oldest_unprocessed_age_seconds \
-         FROM webhook_inbox WHERE status IN ({ready}, {processing}, {dead})"
+         FROM (SELECT count(*) FILTER (WHERE status = {ready}) AS ready, \
+                      count(*) FILTER (WHERE status = {ready} AND next_attempt_at <= now()) AS due, \
+                      count(*) FILTER (WHERE status = {processing}) AS processing \
+               FROM inbox_queue) AS queue"
     ))
     .get_result(conn)
     .await
@@ -51,12 +58,22 @@ pub async fn backlog(conn: &mut AsyncPgConnection) -> QueryResult<Backlog> {
 
 /// Rows per status, including done (a full count: for the operator, not for a scrape loop).
 pub async fn count_by_status(conn: &mut AsyncPgConnection) -> QueryResult<Vec<(InboxStatus, i64)>> {
-    webhook_inbox::table
-        .group_by(webhook_inbox::status)
-        .select((webhook_inbox::status, diesel::dsl::count_star()))
-        .order_by(webhook_inbox::status)
-        .load::<(InboxStatus, i64)>(conn)
-        .await
+    let counts: Vec<StatusCount> = diesel::sql_query(
+        "SELECT status, count(*) AS rows FROM ( \
+             SELECT status FROM inbox_queue UNION ALL SELECT status FROM inbox_finished \
+         ) AS states GROUP BY status ORDER BY status",
+    )
+    .load(conn)
+    .await?;
+    Ok(counts.into_iter().map(|c| (c.status, c.rows)).collect())
+}
+
+#[derive(QueryableByName)]
+struct StatusCount {
+    #[diesel(sql_type = diesel::sql_types::SmallInt)]
+    status: InboxStatus,
+    #[diesel(sql_type = BigInt)]
+    rows: i64,
 }
 
 /// One frequent error among rows still to be processed or dead.
@@ -73,8 +90,11 @@ pub struct ErrorCount {
 /// The most frequent `last_error`s of ready and dead rows.
 pub async fn top_errors(conn: &mut AsyncPgConnection, limit: i64) -> QueryResult<Vec<ErrorCount>> {
     diesel::sql_query(statuses_sql!(
-        "SELECT left(last_error, 200) AS error, count(*) AS rows FROM webhook_inbox \
-         WHERE status IN ({ready}, {dead}) AND last_error IS NOT NULL \
+        "SELECT left(last_error, 200) AS error, count(*) AS rows FROM ( \
+             SELECT last_error FROM inbox_queue WHERE status = {ready} \
+             UNION ALL SELECT last_error FROM inbox_finished WHERE status = {dead} \
+         ) AS failed \
+         WHERE last_error IS NOT NULL \
          GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT $1"
     ))
     .bind::<BigInt, _>(limit)
@@ -208,17 +228,22 @@ pub async fn replay_candidates(
         .await
 }
 
-/// `dead -> ready` for these ids, attempts reset, due now. Rows that are not dead (any more)
-/// are left alone. Returns how many rows were replayed.
+/// `dead -> ready` for these ids, attempts reset, due now: each one's `inbox_finished` row is
+/// replaced by a ready queue row, in one statement. Rows that are not dead (any more) are
+/// left alone. Returns how many rows were replayed.
 ///
 /// The event's `processed_events` record is not touched: a dead event never committed an
 /// effect, so none exists for it.
 pub async fn replay(conn: &mut AsyncPgConnection, ids: &[i64]) -> QueryResult<usize> {
     diesel::sql_query(statuses_sql!(
-        "UPDATE webhook_inbox \
-         SET status = {ready}, attempt = 0, next_attempt_at = now(), processed_at = NULL, \
-             last_error = 'replayed by operator after: ' || coalesce(last_error, 'no error recorded') \
-         WHERE id = ANY($1) AND status = {dead}"
+        "WITH replayed AS ( \
+             DELETE FROM inbox_finished WHERE id = ANY($1) AND status = {dead} \
+             RETURNING id, locked_by, last_error \
+         ) \
+         INSERT INTO inbox_queue (id, status, attempt, next_attempt_at, locked_by, last_error) \
+         SELECT id, {ready}, 0, now(), locked_by, \
+                'replayed by operator after: ' || coalesce(last_error, 'no error recorded') \
+         FROM replayed"
     ))
     .bind::<Array<BigInt>, _>(ids)
     .execute(conn)
@@ -251,8 +276,9 @@ pub struct Purged {
     pub processed_records: usize,
 }
 
-/// Deletes done rows (and their `processed_events` records) that finished more than
-/// `retention` ago, `batch` rows per statement so no statement holds many locks for long.
+/// Deletes done events (journal and outcome rows, and their `processed_events` records) that
+/// finished more than `retention` ago, `batch` events per statement so no statement holds
+/// many locks for long.
 /// Dead rows are kept for the operator. Refuses a retention shorter than `dedup_window`.
 pub async fn purge_done(
     conn: &mut AsyncPgConnection,
@@ -270,10 +296,14 @@ pub async fn purge_done(
     let mut purged = Purged::default();
     loop {
         let deleted = diesel::sql_query(statuses_sql!(
-            "DELETE FROM webhook_inbox WHERE id IN ( \
-                 SELECT id FROM webhook_inbox \
-                 WHERE status = {done} AND processed_at < now() - $1 * interval '1 millisecond' \
-                 ORDER BY id LIMIT $2)"
+            "WITH purged AS ( \
+                 DELETE FROM inbox_finished WHERE id = ANY(ARRAY( \
+                     SELECT id FROM inbox_finished \
+                     WHERE status = {done} AND processed_at < now() - $1 * interval '1 millisecond' \
+                     ORDER BY id LIMIT $2)) \
+                 RETURNING id \
+             ) \
+             DELETE FROM inbox_events WHERE id IN (SELECT id FROM purged)"
         ))
         .bind::<BigInt, _>(retention_ms)
         .bind::<BigInt, _>(batch)
@@ -304,9 +334,9 @@ pub async fn purge_done(
 
 /// When the next ready row falls due, if any is waiting.
 pub async fn next_due(conn: &mut AsyncPgConnection) -> QueryResult<Option<DateTime<Utc>>> {
-    webhook_inbox::table
-        .filter(webhook_inbox::status.eq(InboxStatus::Ready))
-        .select(diesel::dsl::min(webhook_inbox::next_attempt_at))
+    inbox_queue::table
+        .filter(inbox_queue::status.eq(InboxStatus::Ready))
+        .select(diesel::dsl::min(inbox_queue::next_attempt_at))
         .get_result(conn)
         .await
 }

@@ -4,6 +4,48 @@
 //! compares the two column by column.
 
 diesel::table! {
+    /// The journal: every accepted event as received. Written once by the receiver.
+    inbox_events (id) {
+        id -> Int8,
+        provider -> Text,
+        event_id -> Text,
+        event_type -> Nullable<Text>,
+        received_at -> Timestamptz,
+        headers -> Jsonb,
+        body -> Bytea,
+        body_sha256 -> Bytea,
+    }
+}
+
+diesel::table! {
+    /// The state of each event still to process (ready or processing): the claim path.
+    inbox_queue (id) {
+        id -> Int8,
+        status -> Int2,
+        attempt -> Int4,
+        next_attempt_at -> Timestamptz,
+        lease_token -> Nullable<Uuid>,
+        locked_by -> Nullable<Text>,
+        locked_until -> Nullable<Timestamptz>,
+        last_error -> Nullable<Text>,
+    }
+}
+
+diesel::table! {
+    /// The outcome of each finished event (done or dead).
+    inbox_finished (id) {
+        id -> Int8,
+        status -> Int2,
+        attempt -> Int4,
+        locked_by -> Nullable<Text>,
+        last_error -> Nullable<Text>,
+        processed_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    /// A view: one row per event, its journal columns beside its state from the queue or its
+    /// outcome. Read-only; for operators' queries.
     webhook_inbox (id) {
         id -> Int8,
         provider -> Text,
@@ -55,6 +97,9 @@ diesel::table! {
 }
 
 diesel::allow_tables_to_appear_in_same_query!(
+    inbox_events,
+    inbox_queue,
+    inbox_finished,
     webhook_inbox,
     processed_events,
     demo_ledger,

@@ -10,8 +10,11 @@
 
 use diesel::sql_types::{BigInt, Text};
 use diesel::QueryableByName;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use inbox_core::db::{DatabaseArgs, PgPool};
+use diesel_async::{
+    AsyncConnection, AsyncMigrationHarness, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
+};
+use diesel_migrations::MigrationHarness;
+use inbox_core::db::{DatabaseArgs, PgPool, MIGRATIONS};
 use std::time::Duration;
 
 const TEMPLATE_LOCK_KEY: i64 = 0x7465_7374_5f64_6231; // "test_db1"
@@ -64,17 +67,38 @@ async fn database_exists(conn: &mut AsyncPgConnection, name: &str) -> bool {
     rows.iter().any(|row| row.count > 0)
 }
 
-/// Runs the migrations on a runtime of their own: the migration harness needs a
-/// multi-threaded one, and the calling test may run on a single thread.
+/// Runs the migrations on a runtime of their own (see [`on_own_runtime`]).
 fn migrate(url: String) {
+    on_own_runtime(move || async move {
+        inbox_core::db::run_migrations(&url).await.unwrap();
+    });
+}
+
+/// Runs `work` with a migration harness on `url`, on a runtime of its own.
+fn with_harness(
+    url: String,
+    work: impl FnOnce(&mut AsyncMigrationHarness<AsyncPgConnection>) + Send + 'static,
+) {
+    on_own_runtime(move || async move {
+        let conn = AsyncPgConnection::establish(&url).await.unwrap();
+        work(&mut AsyncMigrationHarness::new(conn));
+    });
+}
+
+/// Runs the future `work` makes on a multi-threaded runtime of its own, on a thread of its
+/// own: the migration harness needs such a runtime, and the calling test may run on a single
+/// thread.
+fn on_own_runtime<F>(work: impl FnOnce() -> F + Send + 'static)
+where
+    F: std::future::Future<Output = ()>,
+{
     std::thread::spawn(move || {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .unwrap()
-            .block_on(inbox_core::db::run_migrations(&url))
-            .unwrap();
+            .block_on(work());
     })
     .join()
     .unwrap();
@@ -130,6 +154,48 @@ impl TestDatabase {
             url,
             admin_url,
         }
+    }
+
+    /// An empty database migrated up to and including migration `version` (its digits, as
+    /// in `"20261201000004"`), not further: for testing a later migration on the rows of an
+    /// earlier schema. [`Self::migrate_pending`] then applies the rest.
+    pub async fn migrated_until(version: &str) -> Self {
+        let admin_url = server_url();
+        let name = format!("inbox_test_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = AsyncPgConnection::establish(&admin_url).await.unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        let database = Self {
+            url: with_database(&admin_url, &name),
+            name,
+            admin_url,
+        };
+        let last = version.to_owned();
+        with_harness(database.url.clone(), move |harness| loop {
+            let pending = harness.pending_migrations(MIGRATIONS).unwrap();
+            let Some(next) = pending.into_iter().next() else {
+                break;
+            };
+            if next.name().version().to_string() > last {
+                break;
+            }
+            harness.run_migration(next.as_ref()).unwrap();
+        });
+        database
+    }
+
+    /// Applies every pending migration, as the binaries' `migrate` does.
+    pub fn migrate_pending(&self) {
+        migrate(self.url.clone());
+    }
+
+    /// Reverts the last applied migration (runs its `down.sql`).
+    pub fn revert_last_migration(&self) {
+        with_harness(self.url.clone(), |harness| {
+            harness.revert_last_migration(MIGRATIONS).unwrap();
+        });
     }
 
     /// The database's connection URL.

@@ -275,7 +275,8 @@ async fn operator_commands_show_the_backlog_list_replay_and_purge() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("dedup window"));
     // Age the done row past a retention of 4 days, then purge it.
     diesel_async::RunQueryDsl::execute(
-        diesel::sql_query("UPDATE webhook_inbox SET processed_at = now() - interval '5 days', received_at = now() - interval '5 days' WHERE status = 2"),
+        diesel::sql_query("WITH aged AS (UPDATE inbox_finished SET processed_at = now() - interval '5 days' WHERE status = 2 RETURNING id) \
+                           UPDATE inbox_events SET received_at = now() - interval '5 days' WHERE id IN (SELECT id FROM aged)"),
         &mut conn,
     )
     .await

@@ -58,7 +58,8 @@ struct StoredHash {
 }
 
 /// Stores a batch of events in one statement, so one commit serves them all:
-/// `INSERT ... ON CONFLICT (provider, event_id) DO NOTHING`. Duplicates within the batch are
+/// `INSERT INTO inbox_events ... ON CONFLICT (provider, event_id) DO NOTHING`, and a ready
+/// `inbox_queue` row for each event inserted. Duplicates within the batch are
 /// folded before the insert. Returns one outcome per input event, in input order.
 ///
 /// The insert is one implicit transaction: every outcome is durable when this returns `Ok`.
@@ -101,11 +102,17 @@ pub async fn insert_events(
 
     // Prepared once per connection: its plan (a function scan feeding the insert) is the same
     // whatever the arrays' sizes, so the generic plan PostgreSQL settles on is the right one.
+    // The journal row and its queue row (ready, due now) in the same statement.
     let inserted: Vec<InsertedKey> = cached_sql(
-        "INSERT INTO webhook_inbox (provider, event_id, event_type, headers, body, body_sha256) \
-         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::bytea[], $6::bytea[]) \
-         ON CONFLICT (provider, event_id) DO NOTHING \
-         RETURNING provider, event_id",
+        "WITH inserted AS ( \
+             INSERT INTO inbox_events (provider, event_id, event_type, headers, body, body_sha256) \
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::bytea[], $6::bytea[]) \
+             ON CONFLICT (provider, event_id) DO NOTHING \
+             RETURNING id, provider, event_id \
+         ), queued AS ( \
+             INSERT INTO inbox_queue (id) SELECT id FROM inserted \
+         ) \
+         SELECT provider, event_id FROM inserted",
         (
             bind::<Array<Text>, _>(&providers),
             bind::<Array<Text>, _>(&event_ids),
@@ -136,7 +143,7 @@ pub async fn insert_events(
         cached_sql(
             "SELECT inbox.provider, inbox.event_id, inbox.body_sha256 \
              FROM unnest($1::text[], $2::text[]) AS input(provider, event_id) \
-             JOIN webhook_inbox AS inbox USING (provider, event_id)",
+             JOIN inbox_events AS inbox USING (provider, event_id)",
             (
                 bind::<Array<Text>, _>(&providers),
                 bind::<Array<Text>, _>(&event_ids),

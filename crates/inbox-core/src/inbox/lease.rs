@@ -1,5 +1,9 @@
 //! The worker's side of the inbox: the lease state machine.
 //!
+//! The state of an event still to process is its small `inbox_queue` row; the body stays in
+//! its `inbox_events` row, which no transition writes. A finished event's queue row is
+//! replaced, in the same statement, by its `inbox_finished` row.
+//!
 //! A claim moves due rows `ready -> processing` under a fresh lease token. Each transition out
 //! of `processing` is fenced by that token: it matches on `(id, lease_token, status =
 //! processing)`, and zero rows updated is [`TransitionError::LeaseLost`], never ignored. A
@@ -7,13 +11,13 @@
 //! dead-letter a row it no longer owns.
 //!
 //! Every statement is fixed SQL prepared once per connection ([`cached_sql`]), its row states
-//! written from [`InboxStatus`] ([`crate::statuses_sql!`]).
+//! written from [`crate::InboxStatus`] ([`crate::statuses_sql!`]).
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{Array, BigInt, Integer, SmallInt, Text};
+use diesel::sql_types::{Array, BigInt, Integer, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
@@ -21,7 +25,6 @@ use super::{duration_millis, truncate_error};
 use crate::prepared::{bind, cached_sql};
 use crate::schema::webhook_inbox;
 use crate::statuses_sql;
-use crate::InboxStatus;
 
 /// An event claimed by a worker, with everything a handler needs.
 #[derive(Debug, Clone, QueryableByName)]
@@ -55,17 +58,18 @@ pub struct Claim {
 }
 
 /// Claims up to `limit` due ready rows in one short statement and returns them under a fresh
-/// lease: `status = processing`, `attempt + 1`, `locked_until = now() + lease`.
+/// lease: `status = processing`, `attempt + 1`, `locked_until = now() + lease`; each with its
+/// journal columns, read (not written) from `inbox_events` by primary key.
 ///
-/// Locks: the rows are selected `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on
-/// each other nor take the same row; the locks end when the statement's transaction commits,
-/// right away. The lease, not a row lock, protects the row while the handler runs.
+/// Locks: the queue rows are selected `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
+/// wait on each other nor take the same row; the locks end when the statement's transaction
+/// commits, right away. The lease, not a row lock, protects the row while the handler runs.
 ///
 /// The due ids are collected into an array first, evaluated once, and the rows updated by
 /// primary key. Joined to a subquery (or to a materialized CTE) instead, the statement has a
-/// generic plan that scans the whole table, done rows included, because the planner cannot
-/// see the `LIMIT`: should PostgreSQL switch the prepared statement to that plan, claims
-/// would slow down as the table grows.
+/// generic plan that scans the whole table, because the planner cannot see the `LIMIT`:
+/// should PostgreSQL switch the prepared statement to that plan, claims would slow down as
+/// the backlog grows.
 pub async fn claim_due(
     conn: &mut AsyncPgConnection,
     worker_name: &str,
@@ -75,18 +79,23 @@ pub async fn claim_due(
     let lease_token = Uuid::new_v4();
     let events = cached_sql(
         statuses_sql!(
-            "UPDATE webhook_inbox AS inbox \
-             SET status = {processing}, attempt = inbox.attempt + 1, lease_token = $1, \
-                 locked_by = $2, locked_until = now() + $3 * interval '1 millisecond' \
-             WHERE inbox.id = ANY(ARRAY( \
-                 SELECT id FROM webhook_inbox \
-                 WHERE status = {ready} AND next_attempt_at <= now() \
-                 ORDER BY next_attempt_at \
-                 LIMIT $4 \
-                 FOR UPDATE SKIP LOCKED \
-             )) \
-             RETURNING inbox.id, inbox.provider, inbox.event_id, inbox.event_type, \
-                       inbox.received_at, inbox.headers, inbox.body, inbox.attempt"
+            "WITH claimed AS ( \
+                 UPDATE inbox_queue AS queue \
+                 SET status = {processing}, attempt = queue.attempt + 1, lease_token = $1, \
+                     locked_by = $2, locked_until = now() + $3 * interval '1 millisecond' \
+                 WHERE queue.id = ANY(ARRAY( \
+                     SELECT id FROM inbox_queue \
+                     WHERE status = {ready} AND next_attempt_at <= now() \
+                     ORDER BY next_attempt_at \
+                     LIMIT $4 \
+                     FOR UPDATE SKIP LOCKED \
+                 )) \
+                 RETURNING queue.id, queue.attempt, queue.next_attempt_at \
+             ) \
+             SELECT event.id, event.provider, event.event_id, event.event_type, \
+                    event.received_at, event.headers, event.body, claimed.attempt \
+             FROM claimed JOIN inbox_events AS event ON event.id = claimed.id \
+             ORDER BY claimed.next_attempt_at, event.id"
         ),
         (
             bind::<diesel::sql_types::Uuid, _>(lease_token),
@@ -136,10 +145,12 @@ pub async fn complete(
 }
 
 /// `processing -> done` for several rows claimed under one token, in one statement: the
-/// batched form of [`complete`]. Unless every row is still held, nothing is completed and
-/// the caller's transaction must roll back ([`TransitionError::LeaseLost`]).
+/// batched form of [`complete`]. The queue rows are deleted and their `inbox_finished` rows
+/// written. Unless every row is still held, the caller's transaction must roll back
+/// ([`TransitionError::LeaseLost`]): some of them may have been completed in it.
 ///
-/// Locks the rows it completes until the caller's transaction ends.
+/// Locks the queue rows it deletes until the caller's transaction ends, so a rescue (`SKIP
+/// LOCKED`) passes them by meanwhile.
 pub async fn complete_all(
     conn: &mut AsyncPgConnection,
     ids: &[i64],
@@ -150,10 +161,13 @@ pub async fn complete_all(
     }
     let updated = cached_sql(
         statuses_sql!(
-            "UPDATE webhook_inbox \
-             SET status = {done}, processed_at = clock_timestamp(), lease_token = NULL, \
-                 locked_until = NULL, last_error = NULL \
-             WHERE id = ANY($1) AND lease_token = $2 AND status = {processing}"
+            "WITH completed AS ( \
+                 DELETE FROM inbox_queue \
+                 WHERE id = ANY($1) AND lease_token = $2 AND status = {processing} \
+                 RETURNING id, attempt, locked_by \
+             ) \
+             INSERT INTO inbox_finished (id, status, attempt, locked_by, processed_at) \
+             SELECT id, {done}, attempt, locked_by, clock_timestamp() FROM completed"
         ),
         (
             bind::<Array<BigInt>, _>(ids),
@@ -176,7 +190,7 @@ pub async fn schedule_retry(
 ) -> Result<(), TransitionError> {
     let updated = cached_sql(
         statuses_sql!(
-            "UPDATE webhook_inbox \
+            "UPDATE inbox_queue \
              SET status = {ready}, next_attempt_at = now() + $3 * interval '1 millisecond', \
                  lease_token = NULL, locked_until = NULL, last_error = $4 \
              WHERE id = $1 AND lease_token = $2 AND status = {processing}"
@@ -193,7 +207,8 @@ pub async fn schedule_retry(
     expect_all(updated, 1)
 }
 
-/// `processing -> dead`: a permanent failure, or the last attempt failed.
+/// `processing -> dead`: a permanent failure, or the last attempt failed. The queue row is
+/// replaced by its `inbox_finished` row.
 pub async fn dead_letter(
     conn: &mut AsyncPgConnection,
     id: i64,
@@ -202,10 +217,13 @@ pub async fn dead_letter(
 ) -> Result<(), TransitionError> {
     let updated = cached_sql(
         statuses_sql!(
-            "UPDATE webhook_inbox \
-             SET status = {dead}, processed_at = now(), lease_token = NULL, locked_until = NULL, \
-                 last_error = $3 \
-             WHERE id = $1 AND lease_token = $2 AND status = {processing}"
+            "WITH dead AS ( \
+                 DELETE FROM inbox_queue \
+                 WHERE id = $1 AND lease_token = $2 AND status = {processing} \
+                 RETURNING id, attempt, locked_by \
+             ) \
+             INSERT INTO inbox_finished (id, status, attempt, locked_by, last_error, processed_at) \
+             SELECT id, {dead}, attempt, locked_by, $3, now() FROM dead"
         ),
         (
             bind::<BigInt, _>(id),
@@ -228,7 +246,7 @@ pub async fn release_unstarted(
 ) -> QueryResult<usize> {
     cached_sql(
         statuses_sql!(
-            "UPDATE webhook_inbox \
+            "UPDATE inbox_queue \
              SET status = {ready}, attempt = greatest(attempt - 1, 0), lease_token = NULL, \
                  locked_until = NULL \
              WHERE id = ANY($1) AND lease_token = $2 AND status = {processing}"
@@ -252,7 +270,7 @@ pub async fn extend_lease(
 ) -> QueryResult<usize> {
     cached_sql(
         statuses_sql!(
-            "UPDATE webhook_inbox SET locked_until = now() + $3 * interval '1 millisecond' \
+            "UPDATE inbox_queue SET locked_until = now() + $3 * interval '1 millisecond' \
              WHERE id = ANY($1) AND lease_token = $2 AND status = {processing}"
         ),
         (
@@ -275,53 +293,65 @@ pub struct Rescued {
 }
 
 #[derive(QueryableByName)]
-struct RescuedRow {
-    #[diesel(sql_type = SmallInt)]
-    status: InboxStatus,
+struct RescuedCounts {
+    #[diesel(sql_type = BigInt)]
+    requeued: i64,
+    #[diesel(sql_type = BigInt)]
+    dead: i64,
 }
 
 /// Returns rows whose lease expired (their worker crashed or stalled) to ready, or to dead
 /// when that expired attempt was their last: a crash counts as an attempt, so an event that
 /// kills its worker every time ends dead instead of looping forever.
 ///
-/// Locks at most `limit` expired rows, `SKIP LOCKED`, so a completion in flight is never
+/// Locks at most `limit` expired queue rows, `SKIP LOCKED`, so a completion in flight is never
 /// waited on: its worker may still finish if it commits first. The expired ids are an array
 /// evaluated once, as in [`claim_due`], so the prepared statement's generic plan reads them by
-/// primary key.
+/// primary key. Requeued rows stay in the queue; dead ones move to `inbox_finished`.
 pub async fn rescue_expired(
     conn: &mut AsyncPgConnection,
     max_attempts: u32,
     limit: i64,
 ) -> QueryResult<Rescued> {
-    let rows: Vec<RescuedRow> = cached_sql(
+    let counts: RescuedCounts = cached_sql(
         statuses_sql!(
-            "UPDATE webhook_inbox AS inbox \
-             SET status = CASE WHEN inbox.attempt >= $1 THEN {dead} ELSE {ready} END, \
-                 processed_at = CASE WHEN inbox.attempt >= $1 THEN now() END, \
-                 next_attempt_at = now(), lease_token = NULL, locked_until = NULL, \
-                 last_error = 'lease expired: the worker crashed or stalled' \
-             WHERE inbox.id = ANY(ARRAY( \
-                 SELECT id FROM webhook_inbox \
-                 WHERE status = {processing} AND locked_until < now() \
-                 ORDER BY locked_until \
-                 LIMIT $2 \
-                 FOR UPDATE SKIP LOCKED \
-             )) \
-             RETURNING inbox.status"
+            "WITH expired AS MATERIALIZED ( \
+                 SELECT ARRAY( \
+                     SELECT id FROM inbox_queue \
+                     WHERE status = {processing} AND locked_until < now() \
+                     ORDER BY locked_until \
+                     LIMIT $1 \
+                     FOR UPDATE SKIP LOCKED \
+                 ) AS ids \
+             ), requeued AS ( \
+                 UPDATE inbox_queue AS queue \
+                 SET status = {ready}, next_attempt_at = now(), lease_token = NULL, \
+                     locked_until = NULL, \
+                     last_error = 'lease expired: the worker crashed or stalled' \
+                 WHERE queue.id = ANY((SELECT ids FROM expired)::bigint[]) AND queue.attempt < $2 \
+                 RETURNING queue.id \
+             ), dead AS ( \
+                 DELETE FROM inbox_queue AS queue \
+                 WHERE queue.id = ANY((SELECT ids FROM expired)::bigint[]) AND queue.attempt >= $2 \
+                 RETURNING queue.id, queue.attempt, queue.locked_by \
+             ), finished AS ( \
+                 INSERT INTO inbox_finished (id, status, attempt, locked_by, last_error, processed_at) \
+                 SELECT id, {dead}, attempt, locked_by, \
+                        'lease expired: the worker crashed or stalled', now() \
+                 FROM dead \
+             ) \
+             SELECT (SELECT count(*) FROM requeued) AS requeued, \
+                    (SELECT count(*) FROM dead) AS dead"
         ),
         (
-            bind::<Integer, _>(i32::try_from(max_attempts).unwrap_or(i32::MAX)),
             bind::<BigInt, _>(limit),
+            bind::<Integer, _>(i32::try_from(max_attempts).unwrap_or(i32::MAX)),
         ),
     )
-    .load(conn)
+    .get_result(conn)
     .await?;
-    let dead = rows
-        .iter()
-        .filter(|row| row.status == InboxStatus::Dead)
-        .count();
     Ok(Rescued {
-        requeued: rows.len() - dead,
-        dead,
+        requeued: usize::try_from(counts.requeued).unwrap_or(0),
+        dead: usize::try_from(counts.dead).unwrap_or(0),
     })
 }
