@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use diesel::sql_types::{BigInt, Double, Nullable, SmallInt, Text};
 use diesel::QueryableByName;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use inbox_core::BackoffPolicy;
 use inbox_simulator::{Fate, Mix, Plan, Progress, Report, RetryPolicy, SendSettings};
 use rand::rngs::StdRng;
@@ -136,11 +136,17 @@ impl Postgres {
         repo_root().join("scripts/local-postgres")
     }
 
-    async fn run(command: &str, name: &str, extra: &[&str]) -> Result<String, String> {
+    async fn run(
+        command: &str,
+        name: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<String, String> {
         let output = tokio::process::Command::new(Self::script())
             .arg(command)
             .arg(name)
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .output()
             .await
@@ -157,10 +163,15 @@ impl Postgres {
 
     /// Runs `command`, again a few times when it fails: servers started at the same moment
     /// by concurrent tests can pick the same port, and the loser fails to bind.
-    async fn run_with_retries(command: &str, name: &str, extra: &[&str]) -> String {
+    async fn run_with_retries(
+        command: &str,
+        name: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> String {
         let mut failures = Vec::new();
         for attempt in 0..6_u64 {
-            match Self::run(command, name, extra).await {
+            match Self::run(command, name, extra, env).await {
                 Ok(out) => return out,
                 Err(err) => failures.push(err),
             }
@@ -172,6 +183,12 @@ impl Postgres {
 
     /// Starts a new server for scenario `label`.
     pub async fn start(label: &str) -> Self {
+        Self::start_with(label, &[]).await
+    }
+
+    /// Starts a new server with `local-postgres` settings from `env` (`LOCAL_POSTGRES_TLS`,
+    /// `LOCAL_POSTGRES_OPTIONS`).
+    pub async fn start_with(label: &str, env: &[(&str, &str)]) -> Self {
         let unique = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
@@ -184,7 +201,7 @@ impl Postgres {
         // server another test stopped for a moment: keep those taken while this one starts.
         let stopped_servers_ports = Self::hold_ports_of_stopped_servers();
         // Assigned once the guard exists, so that a failed start is cleaned up too.
-        server.url = Self::run_with_retries("start", &server.name, &["dev"]).await;
+        server.url = Self::run_with_retries("start", &server.name, &["dev"], env).await;
         drop(stopped_servers_ports);
         server
     }
@@ -203,7 +220,13 @@ impl Postgres {
             .collect()
     }
 
-    fn port(&self) -> u16 {
+    /// Its folder (data, logs, and `tls/` when started with TLS).
+    pub fn folder(&self) -> PathBuf {
+        repo_root().join("target/postgres").join(&self.name)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
         self.url
             .rsplit_once(':')
             .and_then(|(_, rest)| rest.split('/').next()?.parse().ok())
@@ -215,7 +238,7 @@ impl Postgres {
     /// (as a stopped server's host would refuse them), so that no other test's server
     /// starting meanwhile takes the port.
     pub async fn kill(&mut self) {
-        Self::run_with_retries("kill", &self.name, &[]).await;
+        Self::run_with_retries("kill", &self.name, &[], &[]).await;
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port()))
             .await
             .unwrap_or_else(|err| panic!("holding port {}: {err}", self.port()));
@@ -232,7 +255,7 @@ impl Postgres {
             placeholder.abort();
             let _ = placeholder.await; // the listener is closed once the task is gone
         }
-        Self::run_with_retries("restart", &self.name, &[]).await;
+        Self::run_with_retries("restart", &self.name, &[], &[]).await;
     }
 }
 
@@ -877,7 +900,7 @@ async fn watch_leases(url: String, stuck_after: Duration, worst: Arc<AtomicU64>)
     let mut conn: Option<AsyncPgConnection> = None;
     loop {
         if conn.is_none() {
-            conn = AsyncPgConnection::establish(&url).await.ok();
+            conn = test_db::establish(&url).await.ok();
         }
         if let Some(connection) = conn.as_mut() {
             let query = diesel::sql_query(
@@ -903,9 +926,7 @@ async fn wait_drained(url: &str, within: Duration) -> Result<(), String> {
     let mut last_total = -1;
     loop {
         let state = async {
-            let mut conn = AsyncPgConnection::establish(url)
-                .await
-                .map_err(|e| e.to_string())?;
+            let mut conn = test_db::establish(url).await.map_err(|e| e.to_string())?;
             let pending = number(
                 &mut conn,
                 "SELECT count(*) AS n FROM webhook_inbox WHERE status IN (0, 1)",
@@ -966,7 +987,7 @@ impl Violations {
 
 /// Checks the invariants of DESIGN.md against the database and the report.
 async fn check(url: &str, report: &Report, stuck: u64, exits: Vec<String>) -> Check {
-    let mut conn = AsyncPgConnection::establish(url)
+    let mut conn = test_db::establish(url)
         .await
         .unwrap_or_else(|err| panic!("connecting for the check: {err}"));
     let rows: Vec<InboxRow> =

@@ -170,7 +170,7 @@ impl RunningWorker {
         let (stop, stopped) = watch::channel(false);
         // As in the binary: new events wake the worker through LISTEN/NOTIFY.
         tokio::spawn(worker::listener::listen_for_new_events(
-            db.url().to_owned(),
+            db.args(1).connection_settings().unwrap(),
             worker.waker(),
             stopped.clone(),
         ));

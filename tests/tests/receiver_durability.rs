@@ -114,9 +114,9 @@ async fn every_acknowledged_event_survives_the_database_being_killed_and_restart
     inbox_core::db::run_migrations(&postgres.url).await.unwrap();
     let mut args = serve_args_for_database(
         DatabaseArgs {
-            database_url: postgres.url.clone(),
             db_pool_size: 4,
             db_connect_timeout: Duration::from_millis(500),
+            ..DatabaseArgs::for_url(postgres.url.clone())
         },
         IngestMode::GroupCommit,
     );
@@ -330,9 +330,9 @@ async fn a_receiver_whose_database_is_unreachable_is_alive_not_ready_and_acks_no
         .port();
     let mut args = serve_args_for_database(
         DatabaseArgs {
-            database_url: format!("postgres://postgres@127.0.0.1:{port}/inbox"),
             db_pool_size: 2,
             db_connect_timeout: Duration::from_millis(300),
+            ..DatabaseArgs::for_url(format!("postgres://postgres@127.0.0.1:{port}/inbox"))
         },
         IngestMode::GroupCommit,
     );

@@ -95,7 +95,7 @@ impl RunningReceiver {
 /// Binds both listeners and starts serving. Must run inside a tokio runtime.
 pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<RunningReceiver> {
     let metrics = Metrics::new();
-    let pool = args.db.pool();
+    let pool = args.db.pool().context("reading the database settings")?;
     let ingestor = Ingestor::start(
         args.ingest_mode,
         pool.clone(),

@@ -10,9 +10,7 @@
 
 use diesel::sql_types::{BigInt, Text};
 use diesel::QueryableByName;
-use diesel_async::{
-    AsyncConnection, AsyncMigrationHarness, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
-};
+use diesel_async::{AsyncMigrationHarness, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::MigrationHarness;
 use inbox_core::db::{DatabaseArgs, PgPool, MIGRATIONS};
 use std::time::Duration;
@@ -25,6 +23,12 @@ pub struct TestDatabase {
     name: String,
     url: String,
     admin_url: String,
+}
+
+/// One connection through inbox-core, as the binaries open theirs (TLS as `sslmode` says),
+/// with no session limits.
+pub async fn establish(url: &str) -> diesel::ConnectionResult<AsyncPgConnection> {
+    inbox_core::db::establish(url, "inbox-tests", inbox_core::db::SessionLimits::default()).await
 }
 
 /// The server to create test databases on; panics with an explanation when unset.
@@ -80,7 +84,7 @@ fn with_harness(
     work: impl FnOnce(&mut AsyncMigrationHarness<AsyncPgConnection>) + Send + 'static,
 ) {
     on_own_runtime(move || async move {
-        let conn = AsyncPgConnection::establish(&url).await.unwrap();
+        let conn = establish(&url).await.unwrap();
         work(&mut AsyncMigrationHarness::new(conn));
     });
 }
@@ -106,7 +110,7 @@ where
 
 async fn ensure_template(admin_url: &str) -> String {
     let template = format!("inbox_template_{}", env!("MIGRATIONS_FINGERPRINT"));
-    let mut admin = AsyncPgConnection::establish(admin_url).await.unwrap();
+    let mut admin = establish(admin_url).await.unwrap();
     if database_exists(&mut admin, &template).await {
         return template;
     }
@@ -143,7 +147,7 @@ impl TestDatabase {
         let admin_url = server_url();
         let template = ensure_template(&admin_url).await;
         let name = format!("inbox_test_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = AsyncPgConnection::establish(&admin_url).await.unwrap();
+        let mut admin = establish(&admin_url).await.unwrap();
         admin
             .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
             .await
@@ -162,7 +166,7 @@ impl TestDatabase {
     pub async fn migrated_until(version: &str) -> Self {
         let admin_url = server_url();
         let name = format!("inbox_test_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = AsyncPgConnection::establish(&admin_url).await.unwrap();
+        let mut admin = establish(&admin_url).await.unwrap();
         admin
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
@@ -206,20 +210,20 @@ impl TestDatabase {
     /// Connection settings for this database, as the binaries take them.
     pub fn args(&self, pool_size: u32) -> DatabaseArgs {
         DatabaseArgs {
-            database_url: self.url.clone(),
             db_pool_size: pool_size,
             db_connect_timeout: Duration::from_secs(5),
+            ..DatabaseArgs::for_url(self.url.clone())
         }
     }
 
     /// A pool of `size` connections to this database.
     pub fn pool(&self, size: u32) -> PgPool {
-        self.args(size).pool()
+        self.args(size).pool().unwrap()
     }
 
     /// One new connection to this database.
     pub async fn connect(&self) -> AsyncPgConnection {
-        AsyncPgConnection::establish(&self.url).await.unwrap()
+        establish(&self.url).await.unwrap()
     }
 }
 
@@ -238,7 +242,7 @@ impl Drop for TestDatabase {
                 .build()
                 .ok()?;
             runtime.block_on(async {
-                let mut admin = AsyncPgConnection::establish(&admin_url).await.ok()?;
+                let mut admin = establish(&admin_url).await.ok()?;
                 admin
                     .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                     .await

@@ -6,21 +6,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::poll_fn;
+use inbox_core::db::{ConnectError, ConnectionSettings};
 use tokio::sync::{watch, Notify};
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 
 /// Keeps a `LISTEN` connection open until `shutdown`, reconnecting after failures, and wakes
 /// the claim loops for every notification (also leaving a stored permit, so none is missed
-/// while they are busy).
+/// while they are busy). Each reconnection goes through `settings` again, so after a
+/// failover it finds the new primary (`target_session_attrs=read-write`) and listens there.
 pub async fn listen_for_new_events(
-    database_url: String,
+    settings: ConnectionSettings,
     wake: Arc<Notify>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut delay = Duration::from_millis(100);
     while !*shutdown.borrow() {
         tokio::select! {
-            result = listen_once(&database_url, &wake) => {
+            result = listen_once(&settings, &wake) => {
                 if let Err(err) = result {
                     tracing::warn!(error = %err, retry_in = ?delay, "notification listener disconnected");
                 }
@@ -43,8 +45,19 @@ fn wake_all(wake: &Notify) {
     wake.notify_one();
 }
 
-async fn listen_once(database_url: &str, wake: &Notify) -> Result<(), tokio_postgres::Error> {
-    let (client, mut connection) = tokio_postgres::connect(database_url, NoTls).await?;
+/// Why the listening connection ended.
+#[derive(Debug, thiserror::Error)]
+enum ListenError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// `LISTEN` failed (on a standby: "cannot execute LISTEN during recovery") or the
+    /// connection broke.
+    #[error("listening failed: {0}")]
+    Listen(#[from] tokio_postgres::Error),
+}
+
+async fn listen_once(settings: &ConnectionSettings, wake: &Notify) -> Result<(), ListenError> {
+    let (client, mut connection) = settings.connect_client().await?;
     let (sender, mut messages) = tokio::sync::mpsc::unbounded_channel();
     // The connection must be polled for the LISTEN to complete and notifications to arrive.
     let driver = tokio::spawn(async move {
@@ -70,7 +83,7 @@ async fn listen_once(database_url: &str, wake: &Notify) -> Result<(), tokio_post
         }
     }
     match driver.await {
-        Ok(result) => result,
+        Ok(result) => Ok(result?),
         Err(_) => Ok(()),
     }
 }

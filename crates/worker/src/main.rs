@@ -239,7 +239,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         );
         db.db_pool_size = needed;
     }
-    let worker = Worker::new(db.pool(), router, settings, metrics.clone());
+    let worker = Worker::new(
+        db.pool().context("reading the database settings")?,
+        router,
+        settings,
+        metrics.clone(),
+    );
 
     let metrics_data = web::Data::new(metrics);
     let metrics_server = HttpServer::new(move || {
@@ -262,7 +267,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let (stop, stopped) = watch::channel(false);
     let listener = tokio::spawn(worker::listener::listen_for_new_events(
-        args.db.database_url.clone(),
+        args.db
+            .connection_settings()
+            .context("reading the database settings")?,
         worker.waker(),
         stopped.clone(),
     ));

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
-use diesel_async::{AsyncConnection, AsyncPgConnection};
+use diesel_async::AsyncPgConnection;
 use inbox_core::operations::{self, EventFilter};
 use inbox_core::InboxStatus;
 
@@ -19,10 +19,20 @@ pub struct Database {
 }
 
 impl Database {
+    /// No statement timeout (a replay or purge of many rows may take long), but an idle
+    /// transaction of an interrupted command is ended by the server.
     async fn connect(&self) -> anyhow::Result<AsyncPgConnection> {
-        AsyncPgConnection::establish(&self.database_url)
-            .await
-            .context("connecting to the database")
+        let limits = inbox_core::db::SessionLimits {
+            statement_timeout: None,
+            idle_in_transaction_timeout: Some(Duration::from_secs(60)),
+        };
+        inbox_core::db::establish(
+            &self.database_url,
+            &inbox_core::db::default_application_name(),
+            limits,
+        )
+        .await
+        .context("connecting to the database")
     }
 }
 
