@@ -220,6 +220,13 @@ impl Router {
         self
     }
 
+    /// Whether every route's handler is batchable (true for no routes at all): then no event
+    /// this router takes waits on the network, and the worker may claim a transaction's worth
+    /// of events per slot.
+    pub fn batchable_only(&self) -> bool {
+        self.routes.iter().all(|route| route.handler.batchable())
+    }
+
     /// The handler for an event, if any route matches.
     pub fn handler_for(
         &self,

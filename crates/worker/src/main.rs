@@ -68,7 +68,9 @@ struct RunArgs {
     /// Address of the Prometheus endpoint (GET /metrics).
     #[arg(long, env = "WORKER_METRICS_LISTEN", default_value = "0.0.0.0:9092")]
     metrics_listen: SocketAddr,
-    /// Events handled at once by this process.
+    /// Attempts in flight at once, each one transaction and database connection: events of
+    /// handlers that wait on the network (forward), or, when every route is database-only
+    /// (demo, no routes), transactions of up to --transaction-size events each.
     #[arg(long, env = "WORKER_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     concurrency: u16,
     /// Most events claimed by one statement.

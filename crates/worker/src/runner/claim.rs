@@ -1,6 +1,13 @@
 //! Claim scheduling: each claim loop owns a share of the worker's slots, claims as many due
-//! events as it has free slots (in batches worth a round trip), hands them to attempts, and
+//! events as its free slots carry (in batches worth a round trip), hands them to attempts, and
 //! idles until a notification, the next due retry or the poll interval when nothing is due.
+//!
+//! A slot is one attempt in flight: one transaction, one connection. An attempt of a handler
+//! that waits on the network carries one event, so with such routes a slot is claimed per
+//! event and the concurrency is the events in flight. When every route is batchable (the
+//! handlers work in the database alone, or there are no routes), an attempt carries up to a
+//! transaction's worth of events, and a slot is claimed per `transaction_size` events: the
+//! default concurrency then keeps claims full and many transactions in flight, with no flags.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,16 +27,17 @@ impl Worker {
         let mut in_flight: JoinSet<()> = JoinSet::new();
         let concurrency = concurrency.max(1);
         let batch_size = self.settings.batch_size.max(1);
-        // One permit per event in flight.
+        let per_slot = self.events_per_slot();
+        // One permit per attempt in flight.
         let slots = Arc::new(Semaphore::new(concurrency));
-        // Claim in batches: wait for this many free slots unless the worker is idle.
-        let worth_claiming = batch_size.min(concurrency.div_ceil(2));
+        // Claim in batches: wait for room for this many events unless the worker is idle.
+        let worth_claiming = batch_size.min((concurrency * per_slot).div_ceil(2));
         loop {
             while in_flight.try_join_next().is_some() {}
             if *shutdown.borrow() {
                 break;
             }
-            let free = slots.available_permits().min(batch_size);
+            let free = (slots.available_permits() * per_slot).min(batch_size);
             if free == 0 || (free < worth_claiming && !in_flight.is_empty()) {
                 tokio::select! {
                     _ = in_flight.join_next() => {}
@@ -58,16 +66,17 @@ impl Worker {
                 break;
             }
             for batch in batches(&self.router, claimed.events, self.settings.transaction_size) {
-                let size = u32::try_from(batch.len()).unwrap_or(u32::MAX);
-                let Ok(permits) = Arc::clone(&slots).try_acquire_many_owned(size) else {
-                    // Cannot happen: no more was claimed than there were free slots.
+                // Free unless a claim's unrouted events and its shared ones took one slot
+                // more than their count: then the last batch waits for the first to finish.
+                let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+                    // Cannot happen: the semaphore is never closed.
                     self.release(&batch.ids(), token).await;
                     continue;
                 };
                 let worker = self.clone();
                 in_flight.spawn(async move {
                     worker.attempt(batch, token).await;
-                    drop(permits);
+                    drop(permit);
                 });
             }
         }
@@ -92,6 +101,15 @@ impl Worker {
             );
             in_flight.abort_all();
             while in_flight.join_next().await.is_some() {}
+        }
+    }
+
+    /// Events one slot carries: a transaction's worth when every route is batchable, else one.
+    fn events_per_slot(&self) -> usize {
+        if self.router.batchable_only() {
+            self.settings.transaction_size.max(1)
+        } else {
+            1
         }
     }
 

@@ -13,7 +13,9 @@ pub struct WorkerSettings {
     pub name: String,
     /// How long a claim is valid without a heartbeat.
     pub lease: Duration,
-    /// Events handled at once by this process.
+    /// Attempts in flight at once (each one transaction and connection): events of handlers
+    /// that wait on the network, or transactions of up to `transaction_size` events when every
+    /// route is batchable.
     pub concurrency: usize,
     /// Most events claimed by one statement.
     pub batch_size: usize,
