@@ -543,3 +543,51 @@ async fn in_a_shared_transaction_a_failing_event_undoes_only_its_own_writes() {
         "failing events forced savepoint reruns (got {reruns})"
     );
 }
+
+/// The demo handler writes a shared transaction's ledger lines with one statement: an event
+/// whose effect was recorded before (its `processed_events` row exists) is ignored, the
+/// others get one line each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_demo_events_gets_one_line_each_and_skips_effects_already_recorded() {
+    let db = TestDatabase::new().await;
+    seed(&db, 40).await;
+    let mut conn = db.connect().await;
+    diesel::sql_query(
+        "INSERT INTO processed_events (provider, event_id) \
+         SELECT 'demo', 'evt_' || n FROM generate_series(0, 39, 4) AS n",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let router = Router::new().route(None, None, Arc::new(worker::demo::DemoLedger));
+    let mut settings = worker_settings("w1");
+    settings.transaction_size = 20;
+    let worker = RunningWorker::start(&db, router, settings);
+    wait_for_count(
+        &mut conn,
+        "every event is done",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 2",
+        40,
+        Duration::from_secs(20),
+    )
+    .await;
+    let ignored = worker
+        .metrics
+        .events
+        .with_label_values(&["demo", "*", "ignored"])
+        .get();
+    worker.stop().await;
+    assert_eq!(ignored, 10);
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM demo_ledger").await,
+        30
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM demo_ledger WHERE event_id IN (SELECT 'evt_' || n FROM generate_series(0, 39, 4) AS n)").await,
+        0
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM (SELECT event_id FROM demo_ledger GROUP BY event_id HAVING count(*) > 1) AS twice").await,
+        0
+    );
+}

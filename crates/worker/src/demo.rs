@@ -13,7 +13,9 @@
 
 use async_trait::async_trait;
 use diesel::prelude::*;
-use diesel::sql_types::{Nullable, Text};
+use std::collections::HashSet;
+
+use diesel::sql_types::{Array, Nullable, Text};
 use diesel::upsert::excluded;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use inbox_core::prepared::{bind, cached_sql};
@@ -158,7 +160,73 @@ impl Handler for DemoLedger {
         Ok(Handled::Applied)
     }
 
+    /// The ledger lines of all `events` in one statement (each guarded by `processed_events`
+    /// as in [`DemoLedger::handle`]), then the payment updates of those recorded. A poison
+    /// event fails the call, so that each event is then handled alone.
+    async fn handle_batch(
+        &self,
+        events: &[&Event],
+        tx: &mut AsyncPgConnection,
+    ) -> Result<Vec<Handled>, HandlerError> {
+        if events
+            .iter()
+            .any(|event| event.event_type.as_deref() == Some(POISON_EVENT_TYPE))
+        {
+            return Err(HandlerError::Permanent("poison event (demo)".into()));
+        }
+        let providers: Vec<&str> = events.iter().map(|e| e.provider.as_str()).collect();
+        let event_ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+        let event_types: Vec<Option<&str>> =
+            events.iter().map(|e| e.event_type.as_deref()).collect();
+        let recorded: Vec<RecordedKey> = cached_sql(
+            "WITH input AS ( \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) \
+                     AS input(provider, event_id, event_type) \
+             ), marked AS ( \
+                 INSERT INTO processed_events (provider, event_id) \
+                 SELECT provider, event_id FROM input \
+                 ON CONFLICT DO NOTHING RETURNING provider, event_id \
+             ) \
+             INSERT INTO demo_ledger (provider, event_id, event_type) \
+             SELECT marked.provider, marked.event_id, input.event_type \
+             FROM marked JOIN input USING (provider, event_id) \
+             RETURNING provider, event_id",
+            (
+                bind::<Array<Text>, _>(&providers),
+                bind::<Array<Text>, _>(&event_ids),
+                bind::<Array<Nullable<Text>>, _>(&event_types),
+            ),
+        )
+        .load(tx)
+        .await?;
+        let recorded: HashSet<(&str, &str)> = recorded
+            .iter()
+            .map(|key| (key.provider.as_str(), key.event_id.as_str()))
+            .collect();
+        let mut handled = Vec::with_capacity(events.len());
+        for event in events {
+            if !recorded.contains(&(event.provider.as_str(), event.event_id.as_str())) {
+                handled.push(Handled::Ignored);
+                continue;
+            }
+            let event_type = event.event_type.as_deref().unwrap_or("");
+            if event_type.starts_with("payment.") {
+                apply_payment(tx, event_type, event).await?;
+            }
+            handled.push(Handled::Applied);
+        }
+        Ok(handled)
+    }
+
     fn batchable(&self) -> bool {
         true
     }
+}
+
+#[derive(QueryableByName)]
+struct RecordedKey {
+    #[diesel(sql_type = Text)]
+    provider: String,
+    #[diesel(sql_type = Text)]
+    event_id: String,
 }

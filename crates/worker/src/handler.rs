@@ -97,6 +97,25 @@ pub trait Handler: Send + Sync + 'static {
         tx: &mut AsyncPgConnection,
     ) -> Result<Handled, HandlerError>;
 
+    /// Handles several events of one shared transaction in one call, in order: one result
+    /// per event. A handler whose effect can be written for many events by one statement
+    /// overrides it; the default handles each in turn with [`Handler::handle`].
+    ///
+    /// An error fails the whole call: the transaction rolls back and its events run again,
+    /// each alone in a savepoint through [`Handler::handle`], which then decides each
+    /// event's outcome. Only batchable handlers are called this way.
+    async fn handle_batch(
+        &self,
+        events: &[&Event],
+        tx: &mut AsyncPgConnection,
+    ) -> Result<Vec<Handled>, HandlerError> {
+        let mut handled = Vec::with_capacity(events.len());
+        for event in events {
+            handled.push(self.handle(event, tx).await?);
+        }
+        Ok(handled)
+    }
+
     /// Whether several events may share one transaction. True only for handlers that work
     /// in the database alone and return quickly: a transaction runs its events one after
     /// another, so a handler that waits on the network must return false (the default) and

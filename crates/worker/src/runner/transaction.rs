@@ -2,6 +2,7 @@
 //! succeeded commit together, so a handler's effect and its event's `done` are one fact.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use futures_util::FutureExt;
@@ -93,26 +94,33 @@ impl Worker {
                 let mut outcomes = Vec::with_capacity(batch.len());
                 let mut completed = Vec::with_capacity(batch.len());
                 let mut current_limits = None;
-                for routed in batch {
-                    let limits = self.attempt_limits(routed);
+                for run in same_handler_runs(batch, |routed| self.attempt_limits(routed)) {
+                    let limits = self.attempt_limits(&run[0]);
                     if current_limits != Some(limits) {
                         session.started_on(session::limit_transaction(tx, limits).await?);
                         current_limits = Some(limits);
                     }
-                    let (event, handler) = (&routed.event, routed.handler.as_ref());
-                    let outcome = match savepoints {
+                    let handler = run[0].handler.as_ref();
+                    match savepoints {
                         Savepoints::PerEvent => {
-                            self.run_in_savepoint(handler, event, tx, session).await?
+                            for Routed { event, .. } in run {
+                                outcomes.push(
+                                    self.run_in_savepoint(handler, event, tx, session).await?,
+                                );
+                            }
                         }
                         // Without savepoints, a failure rolls the transaction back.
                         Savepoints::None => {
-                            Outcome::Done(self.run_handler(handler, event, tx, session).await?)
+                            let events: Vec<&Event> = run.iter().map(|r| &r.event).collect();
+                            let handled = self.run_handlers(handler, &events, tx, session).await?;
+                            outcomes.extend(handled.into_iter().map(Outcome::Done));
                         }
-                    };
-                    if matches!(outcome, Outcome::Done(_)) {
-                        completed.push(event.id);
                     }
-                    outcomes.push(outcome);
+                }
+                for (routed, outcome) in batch.iter().zip(&outcomes) {
+                    if matches!(outcome, Outcome::Done(_)) {
+                        completed.push(routed.event.id);
+                    }
                 }
                 inbox::complete_all(tx, &completed, token).await?;
                 Ok(outcomes)
@@ -153,6 +161,30 @@ impl Worker {
         }
     }
 
+    /// Runs one handler on `events` of a shared transaction (one event: its `handle`; more:
+    /// its `handle_batch`), as [`Self::run_handler`] runs one.
+    async fn run_handlers(
+        &self,
+        handler: &dyn Handler,
+        events: &[&Event],
+        tx: &mut AsyncPgConnection,
+        session: &AttemptSession,
+    ) -> Result<Vec<Handled>, HandlerError> {
+        if let [event] = events {
+            return Ok(vec![self.run_handler(handler, event, tx, session).await?]);
+        }
+        let run = AssertUnwindSafe(handler.handle_batch(events, tx)).catch_unwind();
+        let handled = self.guarded(run, session).await?;
+        if handled.len() != events.len() {
+            return Err(HandlerError::Retryable(format!(
+                "handler returned {} results for {} events",
+                handled.len(),
+                events.len()
+            )));
+        }
+        Ok(handled)
+    }
+
     /// Runs one handler, turning a timeout or a panic into a retryable failure. A handler
     /// that timed out may have left a statement running (waiting on a lock, say): it is
     /// cancelled on the server, so the rollback that follows does not wait behind it.
@@ -163,8 +195,18 @@ impl Worker {
         tx: &mut AsyncPgConnection,
         session: &AttemptSession,
     ) -> Result<Handled, HandlerError> {
-        let timeout = self.settings.handler_timeout;
         let run = AssertUnwindSafe(handler.handle(event, tx)).catch_unwind();
+        self.guarded(run, session).await
+    }
+
+    /// Awaits a handler's `run` within the handler timeout, turning a timeout or a panic into
+    /// a retryable failure.
+    async fn guarded<T>(
+        &self,
+        run: impl std::future::Future<Output = std::thread::Result<Result<T, HandlerError>>>,
+        session: &AttemptSession,
+    ) -> Result<T, HandlerError> {
+        let timeout = self.settings.handler_timeout;
         match tokio::time::timeout(timeout, run).await {
             Err(_elapsed) => {
                 self.cancel_statement(session).await;
@@ -197,6 +239,26 @@ impl Worker {
             tracing::warn!(error = %err, pid, "cancelling an abandoned statement failed");
         }
     }
+}
+
+/// `batch` cut into runs of consecutive events with the same handler and the same limits:
+/// each run is one call of its handler in the transaction's first pass.
+fn same_handler_runs<L: PartialEq>(
+    batch: &[Routed],
+    limits: impl Fn(&Routed) -> L,
+) -> Vec<&[Routed]> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for end in 1..=batch.len() {
+        let boundary = end == batch.len()
+            || !Arc::ptr_eq(&batch[end].handler, &batch[start].handler)
+            || limits(&batch[end]) != limits(&batch[start]);
+        if boundary {
+            runs.push(&batch[start..end]);
+            start = end;
+        }
+    }
+    runs
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
