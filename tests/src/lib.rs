@@ -117,13 +117,10 @@ impl TestReceiver {
 
 /// The `X-Signature` value of the demo provider, computed independently of the receiver.
 pub fn demo_signature(body: &[u8], secret: &str) -> String {
-    let scheme = inbox_signature::Scheme::HmacSha256(inbox_signature::GenericHmac {
-        header: "X-Signature".into(),
-        encoding: inbox_signature::DigestEncoding::Hex,
-        prefix: Some("sha256=".into()),
-    });
-    let key = scheme.key_from_secret(secret).unwrap();
-    scheme.sign(&key, body, "", 0).remove(0).1
+    use hmac::Mac as _;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
 /// Worker settings for tests: short leases, fast polling, quick retries.
@@ -350,16 +347,42 @@ pub fn unix_now() -> i64 {
     i64::try_from(now.as_secs()).unwrap()
 }
 
+/// The catalog's scheme `name` with its defaults.
+pub fn scheme(name: &str) -> std::sync::Arc<dyn inbox_signature::Scheme> {
+    inbox_signature::providers::build(name, &inbox_signature::providers::Options::default())
+        .unwrap()
+}
+
 /// The headers `scheme` signs `body` with, using `secret` (as configured) at `timestamp`.
 pub fn signed_headers(
-    scheme: &inbox_signature::Scheme,
+    scheme: &dyn inbox_signature::Scheme,
     secret: &str,
     body: &[u8],
     id: &str,
     timestamp: i64,
 ) -> Vec<(String, String)> {
+    signed_request(scheme, secret, "", body, id, timestamp).headers
+}
+
+/// What `scheme` sends for `body` to `url` with `secret` at `timestamp`: headers, and the
+/// body (changed by the schemes that sign inside it).
+pub fn signed_request(
+    scheme: &dyn inbox_signature::Scheme,
+    secret: &str,
+    url: &str,
+    body: &[u8],
+    id: &str,
+    timestamp: i64,
+) -> inbox_signature::Signed {
     let key = scheme.key_from_secret(secret).unwrap();
-    scheme.sign(&key, body, id, timestamp)
+    let message = inbox_signature::Outgoing {
+        method: "POST",
+        url,
+        body,
+        id,
+        timestamp,
+    };
+    scheme.sign(&key, &message).unwrap()
 }
 
 /// A stored inbox row, as a test inspects it.

@@ -7,7 +7,6 @@
 //! future timestamps. Bodies that are not JSON are stored byte for byte where the scheme allows.
 #![allow(clippy::unwrap_used)] // a test stops at the first failed step
 
-use inbox_signature::{DigestEncoding, GenericHmac, Scheme};
 use inbox_tests::*;
 use receiver::ingest::IngestMode;
 use serde_json::json;
@@ -293,8 +292,8 @@ async fn stripe_accepts_what_stripe_signs_and_refuses_any_one_byte_change() {
     )
     .await;
 
-    let scheme = Scheme::stripe();
-    let sign = |body: &[u8], secret: &str, at: i64| signed_headers(&scheme, secret, body, "", at);
+    let scheme = scheme("stripe");
+    let sign = |body: &[u8], secret: &str, at: i64| signed_headers(&*scheme, secret, body, "", at);
     let body = br#"{"id":"evt_1","type":"payment_intent.succeeded","data":{"amount":2000}}"#;
     assert_one_byte_changes_are_refused(
         &receiver,
@@ -385,14 +384,14 @@ async fn github_accepts_the_published_vector_and_stores_non_json_bodies_as_recei
     )
     .await;
 
-    let scheme = Scheme::github();
+    let scheme = scheme("github");
     let delivery = [
         ("X-GitHub-Delivery", "d-form-1"),
         ("X-GitHub-Event", "push"),
         ("Content-Type", "application/x-www-form-urlencoded"),
     ];
     let sign = |body: &[u8], secret: &str, _at: i64| {
-        let mut signed = signed_headers(&scheme, secret, body, "", 0);
+        let mut signed = signed_headers(&*scheme, secret, body, "", 0);
         signed.extend(headers(&delivery));
         signed
     };
@@ -408,7 +407,7 @@ async fn github_accepts_the_published_vector_and_stores_non_json_bodies_as_recei
     )
     .await;
 
-    let without_delivery = signed_headers(&scheme, GITHUB_SECRET, b"{}", "", 0);
+    let without_delivery = signed_headers(&*scheme, GITHUB_SECRET, b"{}", "", 0);
     let answer = receiver
         .post_webhook("github", &without_delivery, *b"{}")
         .await;
@@ -487,9 +486,9 @@ async fn standard_webhooks_accepts_the_published_vectors_and_svix_headers() {
     assert_eq!(receiver.metric(&verified("first")).await, 1.0);
     assert_eq!(receiver.metric(&verified("second")).await, 1.0);
 
-    let scheme = Scheme::standard_webhooks();
+    let scheme = scheme("standard-webhooks");
     let sign = |body: &[u8], secret: &str, at: i64| {
-        signed_headers(&scheme, secret, body, "msg_live_1", at)
+        signed_headers(&*scheme, secret, body, "msg_live_1", at)
     };
     let body = br#"{"type":"invoice.paid","data":{"id":"in_1"}}"#;
     assert_one_byte_changes_are_refused(
@@ -512,7 +511,7 @@ async fn standard_webhooks_accepts_the_published_vectors_and_svix_headers() {
     // Svix's own spelling: svix-id, svix-timestamp, svix-signature; the id is svix-id.
     let svix_body = b"not JSON: stored as received";
     let svix_headers: Vec<(String, String)> =
-        signed_headers(&scheme, SVIX_SECRET, svix_body, "msg_svix_1", unix_now())
+        signed_headers(&*scheme, SVIX_SECRET, svix_body, "msg_svix_1", unix_now())
             .into_iter()
             .map(|(name, value)| (name.replace("webhook-", "svix-"), value))
             .collect();
@@ -560,9 +559,9 @@ async fn shopify_accepts_its_vector_falls_back_to_the_webhook_id_and_keeps_xml_b
     ]);
     assert_accepted(&receiver, "shopify", &vector, br#"{"id":1}"#, "vector").await;
 
-    let scheme = Scheme::shopify();
+    let scheme = scheme("shopify");
     let sign = |body: &[u8], secret: &str, _at: i64| {
-        let mut signed = signed_headers(&scheme, secret, body, "", 0);
+        let mut signed = signed_headers(&*scheme, secret, body, "", 0);
         signed.extend(headers(&[
             ("X-Shopify-Webhook-Id", "wh-xml"),
             ("X-Shopify-Topic", "products/update"),
@@ -615,8 +614,8 @@ async fn slack_answers_the_challenge_and_accepts_events_and_slash_commands() {
     )
     .await;
 
-    let scheme = Scheme::slack();
-    let sign = |body: &[u8], secret: &str, at: i64| signed_headers(&scheme, secret, body, "", at);
+    let scheme = scheme("slack");
+    let sign = |body: &[u8], secret: &str, at: i64| signed_headers(&*scheme, secret, body, "", at);
 
     let handshake = br#"{"token":"t","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#;
     assert_answer(
@@ -718,11 +717,14 @@ async fn generic_hmac_accepts_hex_with_prefix_and_base64_with_ids_from_body_or_h
     )
     .await;
 
-    let hex_scheme = Scheme::HmacSha256(GenericHmac {
-        header: "X-Acme-Signature".into(),
-        encoding: DigestEncoding::Hex,
-        prefix: Some("sha256=".into()),
-    });
+    let hex_scheme = inbox_signature::Template::body_only(
+        "hmac-sha256",
+        "X-Acme-Signature",
+        Some("sha256="),
+        inbox_signature::DigestEncoding::Hex,
+        inbox_signature::Algorithm::Sha256,
+        inbox_signature::Profile::fields(Vec::new(), Vec::new()),
+    );
     let sign_hex =
         |body: &[u8], secret: &str, _at: i64| signed_headers(&hex_scheme, secret, body, "", 0);
     assert_one_byte_changes_are_refused(
@@ -736,11 +738,14 @@ async fn generic_hmac_accepts_hex_with_prefix_and_base64_with_ids_from_body_or_h
     )
     .await;
 
-    let base64_scheme = Scheme::HmacSha256(GenericHmac {
-        header: "X-Acme-Signature".into(),
-        encoding: DigestEncoding::Base64,
-        prefix: None,
-    });
+    let base64_scheme = inbox_signature::Template::body_only(
+        "hmac-sha256",
+        "X-Acme-Signature",
+        None,
+        inbox_signature::DigestEncoding::Base64,
+        inbox_signature::Algorithm::Sha256,
+        inbox_signature::Profile::fields(Vec::new(), Vec::new()),
+    );
     let sign_base64 = |body: &[u8], secret: &str, _at: i64| {
         let mut signed = signed_headers(&base64_scheme, secret, body, "", 0);
         signed.extend(headers(&[("X-Acme-Delivery", "delivery-2")]));
@@ -779,9 +784,9 @@ async fn generic_hmac_accepts_hex_with_prefix_and_base64_with_ids_from_body_or_h
 async fn the_secret_that_verified_each_request_is_counted_so_an_old_one_can_be_retired() {
     let db = TestDatabase::new().await;
     let receiver = start_receiver(&db).await;
-    let scheme = Scheme::github();
+    let scheme = scheme("github");
     let send = async |secret: &str, delivery: &str| {
-        let mut signed = signed_headers(&scheme, secret, b"{}", "", 0);
+        let mut signed = signed_headers(&*scheme, secret, b"{}", "", 0);
         signed.extend(headers(&[("X-GitHub-Delivery", delivery)]));
         receiver
             .post_webhook("rotating", &signed, *b"{}")

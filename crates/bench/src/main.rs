@@ -23,7 +23,7 @@ use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use inbox_signature::{DigestEncoding, GenericHmac, Scheme, SigningKey};
+use inbox_signature::{Algorithm, DigestEncoding, Outgoing, Profile, Scheme, SigningKey, Template};
 
 /// Load generator and measurements for webhook-inbox benchmarks.
 #[derive(Debug, Parser)]
@@ -153,7 +153,7 @@ async fn main() -> anyhow::Result<()> {
 
 /// Builds signed requests with unique event ids.
 struct Signer {
-    scheme: Scheme,
+    scheme: Template,
     key: SigningKey,
     path: String,
     host: String,
@@ -164,11 +164,14 @@ struct Signer {
 
 impl Signer {
     fn new(target: &Target) -> anyhow::Result<Self> {
-        let scheme = Scheme::HmacSha256(GenericHmac {
-            header: "X-Signature".into(),
-            encoding: DigestEncoding::Hex,
-            prefix: Some("sha256=".into()),
-        });
+        let scheme = Template::body_only(
+            "hmac-sha256",
+            "X-Signature",
+            Some("sha256="),
+            DigestEncoding::Hex,
+            Algorithm::Sha256,
+            Profile::fields(Vec::new(), Vec::new()),
+        );
         let key = scheme
             .key_from_secret(&target.secret)
             .map_err(|err| anyhow::anyhow!("secret: {err}"))?;
@@ -192,8 +195,9 @@ impl Signer {
         );
         let signature = self
             .scheme
-            .sign(&self.key, body.as_bytes(), "", 0)
-            .pop()
+            .sign(&self.key, &Outgoing::post(body.as_bytes(), "", 0))
+            .ok()
+            .and_then(|mut signed| signed.headers.pop())
             .map(|(_, value)| value)
             .unwrap_or_default();
         let request = hyper::Request::post(self.path.as_str())

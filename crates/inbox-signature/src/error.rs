@@ -1,7 +1,7 @@
-//! The two error types of the crate: why a request failed verification, and why a configured
-//! secret could not become a key.
+//! The error types of the crate: why a request failed verification, why a configured secret
+//! could not become a key, and why a message could not be signed.
 //!
-//! Neither type ever carries a secret or a header value: errors end up in logs and in HTTP
+//! None of them ever carries a secret or a header value: errors end up in logs and in HTTP
 //! answers, and echoing attacker-controlled text there helps nobody.
 
 /// Why a request was not accepted as authentic.
@@ -17,6 +17,13 @@ pub enum VerifyError {
     /// A header is present but cannot be parsed. Carries the header name, never its value.
     #[error("malformed header {0}")]
     MalformedHeader(String),
+    /// The signature travels in the body (Adyen, Mailgun) and the body does not carry it in the
+    /// documented shape. Says which part is missing, never its value.
+    #[error("malformed body: {0}")]
+    MalformedBody(&'static str),
+    /// The scheme signs the URL the provider called, and none is known.
+    #[error("the scheme signs the request URL and no public_url is configured")]
+    MissingUrl,
     /// The signed timestamp is older than the scheme's tolerance.
     #[error("timestamp is older than the tolerance")]
     StaleTimestamp,
@@ -28,17 +35,41 @@ pub enum VerifyError {
     NoMatch,
 }
 
-/// Why a configured secret could not be turned into a [`SigningKey`](crate::SigningKey).
+/// Why a configured secret or public key could not be turned into a
+/// [`SigningKey`](crate::SigningKey).
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
 pub enum KeyError {
     /// The secret, or the key it decodes to, is empty.
     #[error("secret is empty")]
     Empty,
-    /// A Standard Webhooks secret whose part after `whsec_` is not base64.
+    /// A secret whose documented encoding is base64 (Standard Webhooks' `whsec_...`) is not.
     #[error("secret is not valid base64")]
     NotBase64,
-    /// The HMAC implementation refused the key. HMAC-SHA256 takes keys of any length, so this is
-    /// not expected to happen; it exists so that no library error is silently swallowed.
+    /// A secret whose documented encoding is hexadecimal (Adyen's HMAC key) is not.
+    #[error("secret is not valid hexadecimal")]
+    NotHex,
+    /// An asymmetric key that is not in one of the accepted forms. Names the form expected.
+    #[error("not a valid key: {0}")]
+    Invalid(&'static str),
+    /// The HMAC implementation refused the key. HMAC takes keys of any length, so this is not
+    /// expected to happen; it exists so that no library error is silently swallowed.
     #[error("key rejected by the HMAC implementation")]
     Rejected,
+}
+
+/// Why a message could not be signed (tests, the simulator, `receiver sign`, the benchmark).
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+pub enum SignError {
+    /// An asymmetric scheme was given only the public half of a key.
+    #[error("only a public key is configured: signing needs the private key")]
+    PublicKeyOnly,
+    /// The key is of another kind than the scheme uses.
+    #[error("the key does not belong to this scheme")]
+    WrongKey,
+    /// The scheme signs the URL and none was given.
+    #[error("the scheme signs the request URL: give one")]
+    MissingUrl,
+    /// The scheme puts its signature inside the body and the body does not have that shape.
+    #[error("the body cannot carry the signature: {0}")]
+    Body(&'static str),
 }

@@ -13,7 +13,7 @@ use base64::Engine as _;
 use crate::header_names::{
     GITHUB_SIGNATURE_256, SHOPIFY_HMAC_SHA256, SLACK_SIGNATURE, STRIPE_SIGNATURE, WEBHOOK_SIGNATURE,
 };
-use crate::{GenericHmac, VerifyError};
+use crate::VerifyError;
 
 /// Standard base64 for secrets: Standard Webhooks secrets circulate both padded and unpadded.
 pub(crate) const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -25,7 +25,8 @@ pub(crate) const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
 /// libraries compare the encoded text, and so a digest cut short by even its `=` must not pass.
 pub(crate) const DIGEST_BASE64: GeneralPurpose = STANDARD;
 
-/// The parsed `Stripe-Signature` header: its timestamp and every `v1` digest.
+/// A parsed header of the Stripe shape (Stripe, Calendly, Paddle): its timestamp and every
+/// digest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StripeSignatureHeader {
     /// The `t=` value, in unix seconds.
@@ -53,34 +54,44 @@ pub fn parse_timestamp(value: &str) -> Option<i64> {
 /// A header without `t`, with more than one `t`, with a non-numeric `t`, or without any `v1` is
 /// malformed. Whitespace around items, keys and values is tolerated.
 pub fn parse_stripe_header(value: &str) -> Result<StripeSignatureHeader, VerifyError> {
-    let malformed = || VerifyError::MalformedHeader(STRIPE_SIGNATURE.to_owned());
+    parse_timestamped_list(value, STRIPE_SIGNATURE, ',', "t", "v1")
+}
+
+/// Parses a header of the Stripe shape under other names: items separated by `separator`,
+/// one `time_key=<unix>` and one or more `digest_key=<hex>` (Calendly: `,`, `t`, `v1`; Paddle:
+/// `;`, `ts`, `h1`). `header` names the header in errors.
+pub fn parse_timestamped_list(
+    value: &str,
+    header: &str,
+    separator: char,
+    time_key: &str,
+    digest_key: &str,
+) -> Result<StripeSignatureHeader, VerifyError> {
+    let malformed = || VerifyError::MalformedHeader(header.to_owned());
     let mut timestamp = None;
     let mut signatures = Vec::new();
-    let mut saw_v1 = false;
-    for item in value.split(',') {
+    let mut saw_digest = false;
+    for item in value.split(separator) {
         let Some((key, item_value)) = item.split_once('=') else {
             continue;
         };
-        match key.trim() {
-            "t" => {
-                // Two timestamps would leave it to the parser which one is checked against the
-                // tolerance and which one was signed; refuse rather than pick.
-                if timestamp.is_some() {
-                    return Err(malformed());
-                }
-                timestamp = Some(parse_timestamp(item_value).ok_or_else(malformed)?);
+        let key = key.trim();
+        if key == time_key {
+            // Two timestamps would leave it to the parser which one is checked against the
+            // tolerance and which one was signed; refuse rather than pick.
+            if timestamp.is_some() {
+                return Err(malformed());
             }
-            "v1" => {
-                saw_v1 = true;
-                if let Ok(digest) = hex::decode(item_value.trim()) {
-                    signatures.push(digest);
-                }
+            timestamp = Some(parse_timestamp(item_value).ok_or_else(malformed)?);
+        } else if key == digest_key {
+            saw_digest = true;
+            if let Ok(digest) = hex::decode(item_value.trim()) {
+                signatures.push(digest);
             }
-            _ => {}
         }
     }
     match timestamp {
-        Some(timestamp) if saw_v1 => Ok(StripeSignatureHeader {
+        Some(timestamp) if saw_digest => Ok(StripeSignatureHeader {
             timestamp,
             signatures,
         }),
@@ -123,16 +134,51 @@ pub fn parse_shopify_header(value: &str) -> Result<Vec<u8>, VerifyError> {
         .map_err(|_| VerifyError::MalformedHeader(SHOPIFY_HMAC_SHA256.to_owned()))
 }
 
-/// Parses the header of a generic `hmac-sha256` provider: the configured prefix, when there is
-/// one, must be present; the rest is the digest in the configured encoding.
-pub fn parse_generic_signature(value: &str, config: &GenericHmac) -> Result<Vec<u8>, VerifyError> {
-    let malformed = || VerifyError::MalformedHeader(config.header.clone());
+/// Parses the header of an HMAC-template provider: the configured prefix, when there is one,
+/// must be present; the rest is the digest in the configured encoding. `header` names the
+/// header in the error.
+pub fn parse_generic_signature(
+    value: &str,
+    header: &str,
+    prefix: Option<&str>,
+    encoding: DigestEncoding,
+) -> Result<Vec<u8>, VerifyError> {
+    let malformed = || VerifyError::MalformedHeader(header.to_owned());
     let value = value.trim();
-    let encoded = match &config.prefix {
-        Some(prefix) => value.strip_prefix(prefix.as_str()).ok_or_else(malformed)?,
+    let encoded = match prefix {
+        Some(prefix) => value.strip_prefix(prefix).ok_or_else(malformed)?,
         None => value,
     };
-    config.encoding.decode(encoded).ok_or_else(malformed)
+    encoding.decode(encoded).ok_or_else(malformed)
+}
+
+/// How a digest is written in a header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DigestEncoding {
+    /// Hexadecimal; either case is accepted, lowercase is written.
+    Hex,
+    /// Standard base64 with its `=` padding, which providers always send.
+    Base64,
+}
+
+impl DigestEncoding {
+    /// `digest` written in this encoding.
+    #[must_use]
+    pub fn encode(self, digest: &[u8]) -> String {
+        match self {
+            Self::Hex => hex::encode(digest),
+            Self::Base64 => DIGEST_BASE64.encode(digest),
+        }
+    }
+
+    /// The bytes of `text`, or `None` when it is not in this encoding.
+    #[must_use]
+    pub fn decode(self, text: &str) -> Option<Vec<u8>> {
+        match self {
+            Self::Hex => hex::decode(text).ok(),
+            Self::Base64 => DIGEST_BASE64.decode(text).ok(),
+        }
+    }
 }
 
 fn prefixed_hex(value: &str, prefix: &str) -> Option<Vec<u8>> {
@@ -142,7 +188,6 @@ fn prefixed_hex(value: &str, prefix: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::DigestEncoding;
 
     fn stripe_malformed() -> Result<StripeSignatureHeader, VerifyError> {
         Err(VerifyError::MalformedHeader("stripe-signature".to_owned()))
@@ -245,35 +290,18 @@ mod tests {
 
     #[test]
     fn generic_signature_honours_prefix_and_encoding() {
-        let hex_prefixed = GenericHmac {
-            header: "X-Signature".into(),
-            encoding: DigestEncoding::Hex,
-            prefix: Some("sha256=".into()),
+        let parse = |value, prefix, encoding| {
+            parse_generic_signature(value, "X-Signature", prefix, encoding)
         };
         let malformed = Err(VerifyError::MalformedHeader("X-Signature".into()));
-        assert_eq!(
-            parse_generic_signature("sha256=0a", &hex_prefixed),
-            Ok(vec![10])
-        );
-        assert_eq!(parse_generic_signature("0a", &hex_prefixed), malformed);
-        assert_eq!(
-            parse_generic_signature("sha256=AAE=", &hex_prefixed),
-            malformed
-        );
+        let hex = DigestEncoding::Hex;
+        assert_eq!(parse("sha256=0a", Some("sha256="), hex), Ok(vec![10]));
+        assert_eq!(parse("0a", Some("sha256="), hex), malformed);
+        assert_eq!(parse("sha256=AAE=", Some("sha256="), hex), malformed);
 
-        let base64_bare = GenericHmac {
-            header: "X-Signature".into(),
-            encoding: DigestEncoding::Base64,
-            prefix: None,
-        };
-        assert_eq!(
-            parse_generic_signature("AAE=", &base64_bare),
-            Ok(vec![0, 1])
-        );
-        assert_eq!(parse_generic_signature("AAE", &base64_bare), malformed);
-        assert_eq!(
-            parse_generic_signature("sha256=AAE=", &base64_bare),
-            malformed
-        );
+        let base64 = DigestEncoding::Base64;
+        assert_eq!(parse("AAE=", None, base64), Ok(vec![0, 1]));
+        assert_eq!(parse("AAE", None, base64), malformed);
+        assert_eq!(parse("sha256=AAE=", None, base64), malformed);
     }
 }

@@ -75,9 +75,11 @@ impl ApiError {
             }
             Self::Signature(_) => "invalid_signature",
             Self::RepeatedHeader(_) => "repeated_header",
-            Self::Identify(IdentifyError::InvalidJson | IdentifyError::InvalidForm) => {
-                "invalid_body"
-            }
+            Self::Identify(
+                IdentifyError::InvalidJson
+                | IdentifyError::InvalidForm
+                | IdentifyError::InvalidBatch(_),
+            ) => "invalid_body",
             Self::Identify(IdentifyError::MissingEventId(_)) => "missing_event_id",
             Self::Identify(IdentifyError::InvalidEventId(_)) => "invalid_event_id",
             Self::BodyTooLarge { .. } => "body_too_large",

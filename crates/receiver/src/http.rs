@@ -1,5 +1,5 @@
-//! The HTTP routes: `POST /webhooks/{provider}`, `GET /healthz`, `GET /readyz`, and the
-//! separate `/metrics` app.
+//! The HTTP routes: `POST /webhooks/{provider}` (and `GET` for the providers whose handshake
+//! is a GET), `GET /healthz`, `GET /readyz`, and the separate `/metrics` app.
 //!
 //! A webhook is checked completely — size, arrival time, signature, identity — before any
 //! database connection is taken, so hostile or slow clients cannot tie up the pool. Every
@@ -13,27 +13,15 @@ use actix_web::{web, HttpMessage as _, HttpRequest, HttpResponse};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use inbox_core::db::PgPool;
-use inbox_core::inbox::{InsertOutcome, NewEvent};
-use inbox_signature::HeaderSource;
-use sha2::{Digest, Sha256};
+use inbox_signature::{HandshakeKind, HeaderSource, Request, SigningKey};
 use tracing_actix_web::RequestId;
 
+use crate::accept::{acknowledgement, handshake_answer, store_all};
 use crate::error::ApiError;
-use crate::identify::{identify, Identified};
+use crate::identify::identify;
 use crate::ingest::Ingestor;
 use crate::metrics::{Metrics, UNKNOWN_PROVIDER};
 use crate::providers::{FieldSource, Identity, Provider, Providers};
-
-/// Headers never stored: they carry the caller's credentials, not the event.
-const CREDENTIAL_HEADERS: &[&str] = &[
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "set-cookie",
-    "x-api-key",
-    "x-auth-token",
-    "x-csrf-token",
-];
 
 /// Body bytes reserved before any arrive; the buffer grows as the body does.
 const INITIAL_BODY_CAPACITY: usize = 64 * 1024;
@@ -71,6 +59,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(
         web::resource("/webhooks/{provider}")
             .route(web::post().to(receive))
+            .route(web::get().to(handshake_get))
             .default_service(web::to(method_not_allowed)),
     )
     .route("/healthz", web::get().to(healthz))
@@ -129,79 +118,105 @@ async fn receive_for(
     let headers = RequestHeaders(request.headers());
     reject_repeated_headers(request.headers(), provider)?;
     let body = read_body(request.headers(), payload, &state.limits).await?;
-    if !provider.unsigned {
-        let verified = provider
-            .scheme
-            .verify(&headers, &body, &provider.keys, unix_now())?;
-        let secret = provider
-            .key_names
-            .get(verified.key_index)
-            .map_or("?", String::as_str);
-        state
-            .metrics
-            .verified_by_secret
-            .with_label_values(&[provider.name.as_str(), secret])
-            .inc();
+    let url = request_url(request, provider);
+    let signed = Request {
+        method: "POST",
+        url: &url,
+        headers: &headers,
+        body: &body,
+    };
+    let key = verify(provider, &signed, state)?;
+    if let Some(reply) = provider.scheme.handshake(&signed, key) {
+        return Ok((handshake_answer(reply?), "challenge"));
     }
-    let (event_id, event_type) = match identify(&provider.identity, &headers, &body)? {
-        Identified::SlackChallenge(challenge) => {
-            let response = HttpResponse::Ok().json(serde_json::json!({ "challenge": challenge }));
-            return Ok((response, "challenge"));
-        }
-        Identified::Event {
-            event_id,
-            event_type,
-        } => (event_id, event_type),
-    };
-
-    let body_sha256: [u8; 32] = Sha256::digest(&body).into();
-    let event = NewEvent {
-        provider: provider.name.clone(),
-        event_id,
-        event_type,
-        headers: stored_headers(request.headers(), provider),
-        body: body.to_vec(),
-        body_sha256,
-    };
-    let event_id = event.event_id.clone();
-    let outcome = state
-        .ingestor
-        .store(event)
-        .await
-        .map_err(|cause| ApiError::Unavailable {
-            cause,
-            retry_after_secs: state.limits.retry_after_secs,
-        })?;
+    let events = identify(&provider.identity, &headers, &body)?;
+    let stored = store_all(state, provider, request.headers(), &body, events).await?;
     state
         .metrics
         .ingest_duration
         .with_label_values(&[provider.name.as_str()])
         .observe(started.elapsed().as_secs_f64());
-    let status = match outcome {
-        InsertOutcome::Accepted => {
-            tracing::debug!(provider = %provider.name, %event_id, "event accepted");
-            "accepted"
+    let batch = matches!(provider.identity, Identity::Batch(_));
+    Ok((acknowledgement(provider, stored, batch), stored.outcome()))
+}
+
+/// Verifies the request against the provider's keys (unless it is unsigned) and counts which
+/// secret matched; returns that key.
+fn verify<'p>(
+    provider: &'p Provider,
+    request: &Request<'_>,
+    state: &AppState,
+) -> Result<Option<&'p SigningKey>, ApiError> {
+    if provider.unsigned {
+        return Ok(None);
+    }
+    let verified = provider
+        .scheme
+        .verify(request, &provider.keys, unix_now())?;
+    let secret = provider
+        .key_names
+        .get(verified.key_index)
+        .map_or("?", String::as_str);
+    state
+        .metrics
+        .verified_by_secret
+        .with_label_values(&[provider.name.as_str(), secret])
+        .inc();
+    Ok(provider.keys.get(verified.key_index))
+}
+
+/// The URL the provider called: the configured `public_url` (with the request's query when it
+/// has none of its own), else rebuilt from the request's scheme, `Host`, path and query.
+fn request_url(request: &HttpRequest, provider: &Provider) -> String {
+    let query = request.query_string();
+    match &provider.public_url {
+        Some(url) if url.contains('?') || query.is_empty() => url.clone(),
+        Some(url) => format!("{url}?{query}"),
+        None => {
+            let info = request.connection_info();
+            format!("{}://{}{}", info.scheme(), info.host(), request.uri())
         }
-        InsertOutcome::Duplicate { same_body } => {
-            if same_body == Some(false) {
-                state
-                    .metrics
-                    .body_mismatches
-                    .with_label_values(&[provider.name.as_str()])
-                    .inc();
-                tracing::warn!(
-                    provider = %provider.name,
-                    %event_id,
-                    "duplicate event id with a different body: a provider bug or a tampering attempt; the stored body is kept"
-                );
-            }
-            "duplicate"
+    }
+}
+
+/// `GET /webhooks/{provider}`: the GET handshakes (Meta's `hub.challenge`, Dropbox's
+/// `challenge`), answered at once and never stored.
+async fn handshake_get(
+    request: HttpRequest,
+    provider: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let Some(provider) = state.providers.get(&provider) else {
+        return Err(ApiError::UnknownProvider);
+    };
+    if provider.profile.handshake != Some(HandshakeKind::Get) {
+        return Ok(method_not_allowed().await);
+    }
+    let url = request_url(&request, provider);
+    let headers = RequestHeaders(request.headers());
+    let get = Request {
+        method: "GET",
+        url: &url,
+        headers: &headers,
+        body: b"",
+    };
+    let result = match provider.scheme.handshake(&get, None) {
+        Some(reply) => reply.map(handshake_answer).map_err(ApiError::from),
+        None => Ok(method_not_allowed().await),
+    };
+    let outcome = match &result {
+        Ok(_) => "challenge",
+        Err(err) => {
+            tracing::warn!(provider = %provider.name, code = err.code(), error = %err.chain(), "handshake rejected");
+            err.outcome()
         }
     };
-    Ok((
-        HttpResponse::Ok().json(serde_json::json!({ "status": status })),
-        status,
-    ))
+    state
+        .metrics
+        .requests
+        .with_label_values(&[provider.name.as_str(), outcome])
+        .inc();
+    result
 }
 
 /// Reads the whole body within the size and time limits. A declared length over the limit is
@@ -251,22 +266,16 @@ fn reject_repeated_headers(headers: &HeaderMap, provider: &Provider) -> Result<(
         .into_iter()
         .map(str::to_owned)
         .collect();
-    match &provider.identity {
-        Identity::Fields {
-            event_id,
-            event_type,
-        } => {
-            for source in std::iter::once(event_id).chain(event_type) {
-                if let FieldSource::Header(name) = source {
-                    names.push(name.clone());
-                }
+    if let Identity::Fields {
+        event_id,
+        event_type,
+    } = &provider.identity
+    {
+        for source in event_id.iter().chain(event_type) {
+            if let FieldSource::Header(name) = source {
+                names.push(name.clone());
             }
         }
-        Identity::Shopify => {
-            names.extend(["x-shopify-event-id", "x-shopify-webhook-id"].map(String::from));
-        }
-        // Slack's identity is in the body; Standard Webhooks' id headers are signature headers.
-        Identity::Slack { .. } | Identity::StandardWebhooks => {}
     }
     for name in names {
         if headers.get_all(name.as_str()).nth(1).is_some() {
@@ -274,32 +283,6 @@ fn reject_repeated_headers(headers: &HeaderMap, provider: &Provider) -> Result<(
         }
     }
     Ok(())
-}
-
-/// The headers kept with the event: everything but credentials, as `{name: value}` with
-/// repeated headers joined by ", " (their meaning under HTTP semantics).
-fn stored_headers(headers: &HeaderMap, provider: &Provider) -> serde_json::Value {
-    let mut kept = serde_json::Map::new();
-    for (name, value) in headers.iter() {
-        let name = name.as_str();
-        if CREDENTIAL_HEADERS.contains(&name) || provider.drop_headers.iter().any(|d| d == name) {
-            continue;
-        }
-        let value = String::from_utf8_lossy(value.as_bytes());
-        match kept.get_mut(name) {
-            Some(serde_json::Value::String(existing)) => {
-                existing.push_str(", ");
-                existing.push_str(&value);
-            }
-            _ => {
-                kept.insert(
-                    name.to_owned(),
-                    serde_json::Value::String(value.into_owned()),
-                );
-            }
-        }
-    }
-    serde_json::Value::Object(kept)
 }
 
 fn unix_now() -> i64 {

@@ -1,29 +1,32 @@
-//! Finds a verified request's event id and type, where its provider puts them.
+//! Finds a verified request's events: their ids and types, where their provider puts them.
 //!
 //! The body must be JSON only when the event id comes from it; otherwise it is stored exactly
 //! as received, whatever its format (GitHub's form-encoded payloads, Shopify's XML), and a type
-//! that would have come from a JSON body is simply absent.
+//! that would have come from a JSON body is simply absent. A batch (SendGrid, Adyen, HubSpot,
+//! Meta) becomes one event per item, each with its own id and the item's exact bytes as body.
 
-use inbox_signature::{header_names, HeaderSource};
+use inbox_signature::{Batch, HeaderSource, ItemId};
+use serde_json::value::RawValue;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use crate::providers::{FieldSource, Identity, MAX_EVENT_ID_CHARS};
 
-/// What a verified request turned out to be.
+/// Most events one request may carry; a larger batch is refused (400) rather than stored.
+pub const MAX_BATCH_ITEMS: usize = 1_000;
+
+/// One event of a verified request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Identified {
-    /// An event to store.
-    Event {
-        /// The provider's event id (the dedup key).
-        event_id: String,
-        /// The provider's event type, when it gives one.
-        event_type: Option<String>,
-    },
-    /// Slack's `url_verification` handshake: answer with the challenge, store nothing.
-    SlackChallenge(String),
+pub struct Identified {
+    /// The provider's event id (the dedup key).
+    pub event_id: String,
+    /// The provider's event type, when it gives one.
+    pub event_type: Option<String>,
+    /// The item's exact bytes for a batch item; `None`: the request body.
+    pub body: Option<Vec<u8>>,
 }
 
-/// Why a request's event could not be identified (all answered 400).
+/// Why a request's events could not be identified (all answered 400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdentifyError {
     /// The body must be JSON here and is not.
@@ -32,6 +35,9 @@ pub enum IdentifyError {
     /// The body must be form-encoded or JSON here and is neither.
     #[error("body is neither JSON nor form-encoded")]
     InvalidForm,
+    /// A batch body without its items, or with too many.
+    #[error("batch {0}")]
+    InvalidBatch(&'static str),
     /// No event id where the provider puts it.
     #[error("no event id found ({0})")]
     MissingEventId(String),
@@ -40,70 +46,107 @@ pub enum IdentifyError {
     InvalidEventId(&'static str),
 }
 
-/// Identifies the event of a request whose signature has been verified.
+/// Identifies the events of a request whose signature has been verified: one, or one per item
+/// of a batch.
 pub fn identify(
     identity: &Identity,
     headers: &dyn HeaderSource,
     body: &[u8],
-) -> Result<Identified, IdentifyError> {
+) -> Result<Vec<Identified>, IdentifyError> {
     match identity {
         Identity::Fields {
             event_id,
             event_type,
-        } => {
-            // The body must be JSON only when the dedup key is in it; a type is informational,
-            // so a non-JSON body whose id travels in a header is stored without one.
-            let id_in_body = matches!(event_id, FieldSource::JsonPointer(_));
-            let type_in_body = matches!(event_type, Some(FieldSource::JsonPointer(_)));
-            let json = if id_in_body {
-                Some(
-                    serde_json::from_slice::<Value>(body)
-                        .map_err(|_| IdentifyError::InvalidJson)?,
-                )
-            } else if type_in_body {
-                serde_json::from_slice::<Value>(body).ok()
-            } else {
-                None
-            };
-            let id = read_field(event_id, headers, json.as_ref())
-                .ok_or_else(|| IdentifyError::MissingEventId(describe(event_id)))?;
-            let event_type = event_type
-                .as_ref()
-                .and_then(|source| read_field(source, headers, json.as_ref()));
-            event(id, event_type)
-        }
-        Identity::Shopify => {
-            let id = headers
-                .header("x-shopify-event-id")
-                .or_else(|| headers.header("x-shopify-webhook-id"))
-                .ok_or_else(|| IdentifyError::MissingEventId("header X-Shopify-Event-Id".into()))?;
-            let topic = headers.header("x-shopify-topic").map(str::to_owned);
-            event(id.to_owned(), topic)
-        }
-        Identity::StandardWebhooks => {
-            // The same preference as the verifier's: the `webhook-*` spelling when present, so
-            // the id stored is the id that was signed.
-            let id = headers
-                .header(header_names::WEBHOOK_ID)
-                .or_else(|| headers.header(header_names::SVIX_ID))
-                .ok_or_else(|| IdentifyError::MissingEventId("header webhook-id".into()))?;
-            let event_type = serde_json::from_slice::<Value>(body)
-                .ok()
-                .and_then(|json| json.get("type").and_then(scalar_text));
-            event(id.to_owned(), event_type)
-        }
-        Identity::Slack { form_id_field } => identify_slack(body, form_id_field),
+        } => identify_fields(event_id, event_type, headers, body).map(|event| vec![event]),
+        Identity::Slack { form_id_field } => identify_slack(body, form_id_field).map(|e| vec![e]),
+        Identity::Batch(batch) => identify_batch(batch, body),
     }
+}
+
+fn identify_fields(
+    id_sources: &[FieldSource],
+    type_sources: &[FieldSource],
+    headers: &dyn HeaderSource,
+    body: &[u8],
+) -> Result<Identified, IdentifyError> {
+    let needs_json = |sources: &[FieldSource]| {
+        sources.iter().any(|s| {
+            matches!(
+                s,
+                FieldSource::JsonPointer(_) | FieldSource::JsonPointers(_)
+            )
+        })
+    };
+    // Parsed only when a source needs it; a type is informational, so a non-JSON body whose
+    // id travels in a header is stored without one.
+    let json = if needs_json(id_sources) || needs_json(type_sources) {
+        serde_json::from_slice::<Value>(body).ok()
+    } else {
+        None
+    };
+    let read = |source: &FieldSource| read_field(source, headers, json.as_ref(), body);
+    let Some(id) = id_sources.iter().find_map(read) else {
+        let only_json = id_sources
+            .iter()
+            .all(|s| needs_json(std::slice::from_ref(s)));
+        if only_json && json.is_none() {
+            return Err(IdentifyError::InvalidJson);
+        }
+        return Err(IdentifyError::MissingEventId(
+            id_sources.first().map(describe).unwrap_or_default(),
+        ));
+    };
+    event(id, type_sources.iter().find_map(read), None)
+}
+
+fn identify_batch(batch: &Batch, body: &[u8]) -> Result<Vec<Identified>, IdentifyError> {
+    let items_raw = raw_at(body, &batch.items).ok_or(IdentifyError::InvalidJson)?;
+    let items: Vec<&RawValue> = serde_json::from_str(items_raw.get())
+        .map_err(|_| IdentifyError::InvalidBatch("items are not an array"))?;
+    if items.is_empty() {
+        return Err(IdentifyError::InvalidBatch("has no items"));
+    }
+    if items.len() > MAX_BATCH_ITEMS {
+        return Err(IdentifyError::InvalidBatch("has more than 1000 items"));
+    }
+    items
+        .into_iter()
+        .map(|item| {
+            let stored = raw_at(item.get().as_bytes(), &batch.unwrap)
+                .ok_or(IdentifyError::InvalidBatch("an item lacks its object"))?;
+            let value: Value =
+                serde_json::from_str(stored.get()).map_err(|_| IdentifyError::InvalidJson)?;
+            let id = match &batch.id {
+                ItemId::Pointers(pointers) => joined(&value, pointers).ok_or_else(|| {
+                    IdentifyError::MissingEventId(format!("item field {}", pointers.join(" and ")))
+                })?,
+                ItemId::ContentHash => hex::encode(Sha256::digest(stored.get().as_bytes())),
+            };
+            let event_type = batch
+                .event_type
+                .as_deref()
+                .and_then(|pointer| value.pointer(pointer))
+                .and_then(scalar_text);
+            event(id, event_type, Some(stored.get().as_bytes().to_vec()))
+        })
+        .collect()
+}
+
+/// The raw JSON at `pointer` (object keys only: batches never index into arrays), keeping the
+/// exact bytes of the value so a stored item is byte for byte what the provider sent.
+fn raw_at<'a>(json: &'a [u8], pointer: &str) -> Option<&'a RawValue> {
+    let mut current: &RawValue = serde_json::from_slice(json).ok()?;
+    for segment in pointer.split('/').skip(1) {
+        let key = segment.replace("~1", "/").replace("~0", "~");
+        let object: std::collections::HashMap<String, &'a RawValue> =
+            serde_json::from_str(current.get()).ok()?;
+        current = object.get(&key).copied()?;
+    }
+    Some(current)
 }
 
 fn identify_slack(body: &[u8], form_id_field: &str) -> Result<Identified, IdentifyError> {
     if let Ok(json) = serde_json::from_slice::<Value>(body) {
-        if json.get("type").and_then(Value::as_str) == Some("url_verification") {
-            let challenge = json.get("challenge").and_then(Value::as_str).ok_or(
-                IdentifyError::MissingEventId("url_verification without challenge".into()),
-            )?;
-            return Ok(Identified::SlackChallenge(challenge.to_owned()));
-        }
         let id = json
             .get("event_id")
             .and_then(scalar_text)
@@ -112,7 +155,7 @@ fn identify_slack(body: &[u8], form_id_field: &str) -> Result<Identified, Identi
             .pointer("/event/type")
             .or_else(|| json.get("type"))
             .and_then(scalar_text);
-        return event(id, event_type);
+        return event(id, event_type, None);
     }
     // Slash commands and interactivity send application/x-www-form-urlencoded bodies.
     let text = std::str::from_utf8(body).map_err(|_| IdentifyError::InvalidForm)?;
@@ -132,7 +175,7 @@ fn identify_slack(body: &[u8], form_id_field: &str) -> Result<Identified, Identi
         }
     }
     if let Some(id) = id {
-        return event(id, command);
+        return event(id, command, None);
     }
     // Interactivity (buttons, shortcuts, modals) sends one form field, `payload`, holding JSON
     // that carries the id field and the interaction's type.
@@ -142,7 +185,7 @@ fn identify_slack(body: &[u8], form_id_field: &str) -> Result<Identified, Identi
         Some((id, payload.get("type").and_then(scalar_text)))
     });
     match from_payload {
-        Some((id, interaction)) => event(id, interaction),
+        Some((id, interaction)) => event(id, interaction, None),
         None => Err(IdentifyError::MissingEventId(format!(
             "form field {form_id_field}"
         ))),
@@ -152,7 +195,12 @@ fn identify_slack(body: &[u8], form_id_field: &str) -> Result<Identified, Identi
 fn describe(source: &FieldSource) -> String {
     match source {
         FieldSource::JsonPointer(pointer) => format!("body at JSON pointer {pointer}"),
+        FieldSource::JsonPointers(pointers) => {
+            format!("body at JSON pointers {}", pointers.join(", "))
+        }
         FieldSource::Header(name) => format!("header {name}"),
+        FieldSource::FormField(name) => format!("form field {name}"),
+        FieldSource::EveryDelivery => "a generated id".into(),
     }
 }
 
@@ -160,23 +208,45 @@ fn read_field(
     source: &FieldSource,
     headers: &dyn HeaderSource,
     json: Option<&Value>,
+    body: &[u8],
 ) -> Option<String> {
     match source {
         FieldSource::Header(name) => headers.header(name).map(str::to_owned),
         FieldSource::JsonPointer(pointer) => json?.pointer(pointer).and_then(scalar_text),
+        FieldSource::JsonPointers(pointers) => joined(json?, pointers),
+        FieldSource::FormField(name) => form_urlencoded::parse(body)
+            .find(|(key, _)| key == name.as_str())
+            .map(|(_, value)| value.into_owned()),
+        // Each delivery its own event: a fresh id, so identical bodies are all kept.
+        FieldSource::EveryDelivery => Some(uuid::Uuid::new_v4().to_string()),
     }
 }
 
-/// Strings as they are, numbers in their JSON spelling (some providers use numeric ids).
+/// The values at `pointers`, joined with `:`; `None` unless every one is present.
+fn joined(json: &Value, pointers: &[String]) -> Option<String> {
+    let parts: Option<Vec<String>> = pointers
+        .iter()
+        .map(|pointer| json.pointer(pointer).and_then(scalar_text))
+        .collect();
+    parts.map(|parts| parts.join(":"))
+}
+
+/// Strings as they are, numbers and booleans in their JSON spelling (some providers use
+/// numeric ids; Adyen's `success` is a string, some send it as a boolean).
 fn scalar_text(value: &Value) -> Option<String> {
     match value {
         Value::String(text) => Some(text.clone()),
         Value::Number(number) => Some(number.to_string()),
+        Value::Bool(flag) => Some(flag.to_string()),
         _ => None,
     }
 }
 
-fn event(event_id: String, event_type: Option<String>) -> Result<Identified, IdentifyError> {
+fn event(
+    event_id: String,
+    event_type: Option<String>,
+    body: Option<Vec<u8>>,
+) -> Result<Identified, IdentifyError> {
     if event_id.trim().is_empty() {
         return Err(IdentifyError::InvalidEventId("is empty"));
     }
@@ -192,9 +262,10 @@ fn event(event_id: String, event_type: Option<String>) -> Result<Identified, Ide
     let event_type = event_type
         .filter(|t| !t.is_empty())
         .map(|t| t.chars().filter(|c| !c.is_control()).take(255).collect());
-    Ok(Identified::Event {
+    Ok(Identified {
         event_id,
         event_type,
+        body,
     })
 }
 
@@ -204,16 +275,37 @@ mod tests {
 
     fn fields(id: FieldSource, ty: Option<FieldSource>) -> Identity {
         Identity::Fields {
-            event_id: id,
-            event_type: ty,
+            event_id: vec![id],
+            event_type: ty.into_iter().collect(),
         }
     }
 
-    fn ev(id: &str, ty: Option<&str>) -> Result<Identified, IdentifyError> {
-        Ok(Identified::Event {
+    fn ev(id: &str, ty: Option<&str>) -> Result<Vec<Identified>, IdentifyError> {
+        Ok(vec![Identified {
             event_id: id.into(),
             event_type: ty.map(Into::into),
-        })
+            body: None,
+        }])
+    }
+
+    fn standard_webhooks() -> Identity {
+        Identity::Fields {
+            event_id: vec![
+                FieldSource::Header("webhook-id".into()),
+                FieldSource::Header("svix-id".into()),
+            ],
+            event_type: vec![FieldSource::JsonPointer("/type".into())],
+        }
+    }
+
+    fn shopify() -> Identity {
+        Identity::Fields {
+            event_id: vec![
+                FieldSource::Header("x-shopify-event-id".into()),
+                FieldSource::Header("x-shopify-webhook-id".into()),
+            ],
+            event_type: vec![FieldSource::Header("x-shopify-topic".into())],
+        }
     }
 
     #[test]
@@ -281,7 +373,7 @@ mod tests {
         ];
         assert_eq!(
             identify(
-                &Identity::StandardWebhooks,
+                &standard_webhooks(),
                 &webhook,
                 br#"{"type":"invoice.paid"}"#
             ),
@@ -289,12 +381,12 @@ mod tests {
         );
         let svix: Vec<(String, String)> = vec![("svix-id".into(), "msg_svix".into())];
         assert_eq!(
-            identify(&Identity::StandardWebhooks, &svix, b"plain text"),
+            identify(&standard_webhooks(), &svix, b"plain text"),
             ev("msg_svix", None)
         );
         let neither: Vec<(String, String)> = vec![];
         assert_eq!(
-            identify(&Identity::StandardWebhooks, &neither, b"{}"),
+            identify(&standard_webhooks(), &neither, b"{}"),
             Err(IdentifyError::MissingEventId("header webhook-id".into()))
         );
     }
@@ -330,30 +422,19 @@ mod tests {
             ("x-shopify-topic".into(), "orders/create".into()),
         ];
         assert_eq!(
-            identify(&Identity::Shopify, &both, b"{}"),
+            identify(&shopify(), &both, b"{}"),
             ev("ev-1", Some("orders/create"))
         );
         let fallback: Vec<(String, String)> = vec![("x-shopify-webhook-id".into(), "wh-1".into())];
-        assert_eq!(
-            identify(&Identity::Shopify, &fallback, b"<xml/>"),
-            ev("wh-1", None)
-        );
+        assert_eq!(identify(&shopify(), &fallback, b"<xml/>"), ev("wh-1", None));
     }
 
     #[test]
-    fn slack_events_challenges_and_slash_commands() {
+    fn slack_events_and_slash_commands() {
         let headers: Vec<(String, String)> = vec![];
         let slack = Identity::Slack {
             form_id_field: "trigger_id".into(),
         };
-        assert_eq!(
-            identify(
-                &slack,
-                &headers,
-                br#"{"type":"url_verification","challenge":"c-123"}"#
-            ),
-            Ok(Identified::SlackChallenge("c-123".into()))
-        );
         assert_eq!(
             identify(
                 &slack,
@@ -395,5 +476,110 @@ mod tests {
             identify(&slack, &headers, b"{\"truncated"),
             Err(IdentifyError::InvalidJson)
         );
+    }
+
+    fn batch(items: &str, unwrap: &str, id: ItemId, event_type: Option<&str>) -> Identity {
+        Identity::Batch(Batch {
+            items: items.into(),
+            unwrap: unwrap.into(),
+            id,
+            event_type: event_type.map(Into::into),
+        })
+    }
+
+    #[test]
+    fn a_batch_becomes_one_event_per_item_with_the_items_exact_bytes() {
+        let headers: Vec<(String, String)> = vec![];
+        let sendgrid = batch(
+            "",
+            "",
+            ItemId::Pointers(vec!["/sg_event_id".into()]),
+            Some("/event"),
+        );
+        let body =
+            br#"[{"sg_event_id":"a1","event":"delivered"},  {"event":"open", "sg_event_id":"b2"}]"#;
+        let events = identify(&sendgrid, &headers, body).expect("two items");
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].event_id, "a1");
+        assert_eq!(events[1].event_type.as_deref(), Some("open"));
+        assert_eq!(
+            events[1].body.as_deref(),
+            Some(br#"{"event":"open", "sg_event_id":"b2"}"#.as_slice())
+        );
+        assert_eq!(
+            identify(&sendgrid, &headers, b"[]"),
+            Err(IdentifyError::InvalidBatch("has no items"))
+        );
+        assert_eq!(
+            identify(&sendgrid, &headers, b"{}"),
+            Err(IdentifyError::InvalidBatch("items are not an array"))
+        );
+        assert_eq!(
+            identify(&sendgrid, &headers, br#"[{"event":"x"}]"#),
+            Err(IdentifyError::MissingEventId(
+                "item field /sg_event_id".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn adyen_items_are_unwrapped_and_keyed_on_three_fields() {
+        let headers: Vec<(String, String)> = vec![];
+        let adyen = batch(
+            "/notificationItems",
+            "/NotificationRequestItem",
+            ItemId::Pointers(vec![
+                "/pspReference".into(),
+                "/eventCode".into(),
+                "/success".into(),
+            ]),
+            Some("/eventCode"),
+        );
+        let body = br#"{"live":"false","notificationItems":[{"NotificationRequestItem":{"pspReference":"79","eventCode":"CAPTURE","success":"true"}}]}"#;
+        let events = identify(&adyen, &headers, body).expect("one item");
+        assert_eq!(events[0].event_id, "79:CAPTURE:true");
+        assert_eq!(
+            events[0].body.as_deref(),
+            Some(br#"{"pspReference":"79","eventCode":"CAPTURE","success":"true"}"#.as_slice())
+        );
+    }
+
+    #[test]
+    fn items_without_ids_are_keyed_by_their_bytes() {
+        let headers: Vec<(String, String)> = vec![];
+        let meta = batch("/entry", "", ItemId::ContentHash, Some("/changes/0/field"));
+        let body = br#"{"object":"page","entry":[{"id":"1","time":5},{"id":"1","time":6}]}"#;
+        let events = identify(&meta, &headers, body).expect("two entries");
+        assert_ne!(events[0].event_id, events[1].event_id);
+        assert_eq!(
+            events[0].event_id,
+            hex::encode(Sha256::digest(br#"{"id":"1","time":5}"#))
+        );
+    }
+
+    #[test]
+    fn form_fields_joined_pointers_and_generated_ids() {
+        let headers: Vec<(String, String)> = vec![];
+        let form = fields(FieldSource::FormField("MessageSid".into()), None);
+        assert_eq!(
+            identify(&form, &headers, b"To=1&MessageSid=SM9"),
+            ev("SM9", None)
+        );
+        let joined = fields(
+            FieldSource::JsonPointers(vec!["/event".into(), "/ts".into()]),
+            None,
+        );
+        assert_eq!(
+            identify(&joined, &headers, br#"{"event":"e","ts":5}"#),
+            ev("e:5", None)
+        );
+        assert_eq!(
+            identify(&joined, &headers, b"nope"),
+            Err(IdentifyError::InvalidJson)
+        );
+        let every = fields(FieldSource::EveryDelivery, None);
+        let first = identify(&every, &headers, b"{}").expect("an id");
+        let second = identify(&every, &headers, b"{}").expect("an id");
+        assert_ne!(first[0].event_id, second[0].event_id);
     }
 }

@@ -8,6 +8,7 @@
 //! is ever lost.
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod error;
 pub mod http;
 pub mod identify;

@@ -35,7 +35,8 @@ enum Command {
     /// Apply pending database migrations, then exit.
     Migrate(inbox_core::db::MigrateArgs),
     /// Print the headers a provider would send for a body, signed with its first secret
-    /// (one `Name: value` line each), to test a deployment by hand.
+    /// (one `Name: value` line each), to test a deployment by hand. Schemes that sign inside
+    /// the body (adyen, mailgun, linear) print the body to send after a blank line.
     Sign {
         /// Provider file.
         #[arg(long, env = "INBOX_CONFIG")]
@@ -46,9 +47,16 @@ enum Command {
         /// The exact body to sign.
         #[arg(long)]
         body: String,
-        /// Message id, for schemes that sign one (standard-webhooks).
+        /// Message id, for schemes that sign one (standard-webhooks, twitch).
         #[arg(long, default_value = "msg_manual")]
         id: String,
+        /// The URL the request goes to, for schemes that sign it (twilio, square, hubspot);
+        /// defaults to the provider's public_url.
+        #[arg(long)]
+        url: Option<String>,
+        /// Unix time to sign with (default: now).
+        #[arg(long)]
+        timestamp: Option<i64>,
     },
     /// Check the provider file (and that every secret it names can be read), then exit.
     #[command(after_help = PROVIDER_FILE_HELP)]
@@ -71,23 +79,9 @@ async fn main() -> anyhow::Result<()> {
             provider,
             body,
             id,
-        } => {
-            let providers = Providers::load(&config)?;
-            let provider = providers
-                .get(&provider)
-                .with_context(|| format!("no provider {provider:?} in {}", config.display()))?;
-            let key = provider.keys.first().with_context(|| {
-                format!("provider {:?} has no secret to sign with", provider.name)
-            })?;
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .context("clock before 1970")?;
-            let timestamp = i64::try_from(now.as_secs()).context("clock out of range")?;
-            for (name, value) in provider.scheme.sign(key, body.as_bytes(), &id, timestamp) {
-                println!("{name}: {value}");
-            }
-            Ok(())
-        }
+            url,
+            timestamp,
+        } => sign(&config, &provider, &body, &id, url, timestamp),
         Command::CheckConfig { config } => {
             let providers = Providers::load(&config)?;
             for provider in providers.iter() {
@@ -101,6 +95,55 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn sign(
+    config: &std::path::Path,
+    provider: &str,
+    body: &str,
+    id: &str,
+    url: Option<String>,
+    timestamp: Option<i64>,
+) -> anyhow::Result<()> {
+    let providers = Providers::load(config)?;
+    let provider = providers
+        .get(provider)
+        .with_context(|| format!("no provider {provider:?} in {}", config.display()))?;
+    let key = provider
+        .keys
+        .first()
+        .with_context(|| format!("provider {:?} has no secret to sign with", provider.name))?;
+    let timestamp = match timestamp {
+        Some(timestamp) => timestamp,
+        None => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .context("clock before 1970")?;
+            i64::try_from(now.as_secs()).context("clock out of range")?
+        }
+    };
+    let url = url
+        .or_else(|| provider.public_url.clone())
+        .unwrap_or_default();
+    let message = inbox_signature::Outgoing {
+        method: "POST",
+        url: &url,
+        body: body.as_bytes(),
+        id,
+        timestamp,
+    };
+    let signed = provider
+        .scheme
+        .sign(key, &message)
+        .with_context(|| format!("signing for provider {:?}", provider.name))?;
+    for (name, value) in &signed.headers {
+        println!("{name}: {value}");
+    }
+    if signed.body != body.as_bytes() {
+        println!();
+        println!("{}", String::from_utf8_lossy(&signed.body));
+    }
+    Ok(())
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {

@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use inbox_signature::{DigestEncoding, GenericHmac, Scheme};
+use inbox_signature::{Algorithm, DigestEncoding, Outgoing, Profile, Scheme, Template};
 use test_db::TestDatabase;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::TcpStream;
@@ -29,13 +29,17 @@ secrets = [{ env = "DEMO_WEBHOOK_SECRET", name = "current" }]
 "#;
 
 fn signature(body: &[u8]) -> String {
-    let scheme = Scheme::HmacSha256(GenericHmac {
-        header: "X-Signature".into(),
-        encoding: DigestEncoding::Hex,
-        prefix: Some("sha256=".into()),
-    });
+    let scheme = Template::body_only(
+        "hmac-sha256",
+        "X-Signature",
+        Some("sha256="),
+        DigestEncoding::Hex,
+        Algorithm::Sha256,
+        Profile::fields(Vec::new(), Vec::new()),
+    );
     let key = scheme.key_from_secret(SECRET).unwrap();
-    scheme.sign(&key, body, "", 0).remove(0).1
+    let signed = scheme.sign(&key, &Outgoing::post(body, "", 0)).unwrap();
+    signed.headers[0].1.clone()
 }
 
 /// Polls `condition` every 20 ms until it holds; panics with `what` after `timeout`.

@@ -354,7 +354,7 @@ fn draw_deliveries(
     main: &mut Vec<Job>,
     late: &mut Vec<Job>,
 ) -> Result<PlannedEvent, String> {
-    let event_id = format!("{}{run_id}-{index:07}", wire::id_prefix(provider));
+    let planned_id = format!("{}{run_id}-{index:07}", wire::id_prefix(provider));
     let mut data = serde_json::json!({ "sequence": index });
     if let Some(object) = &draft.object {
         let key = if draft.amount.is_some() {
@@ -367,7 +367,7 @@ fn draw_deliveries(
     if let Some(amount) = draft.amount {
         data["amount"] = serde_json::Value::from(amount);
     }
-    let (body, headers) = wire::compose(provider, &event_id, draft.event_type, data)?;
+    let (body, headers, event_id) = wire::compose(provider, &planned_id, draft.event_type, data)?;
 
     let forgeable = !provider.unsigned;
     let stale_kind = if provider.scheme.tolerance().is_some() {

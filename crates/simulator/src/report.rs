@@ -60,6 +60,12 @@ pub struct Totals {
     pub gave_up: u64,
     /// Every answer by HTTP status (0: no answer).
     pub by_status: BTreeMap<u16, u64>,
+    /// Handshakes (challenges, pings) answered as the provider expects, before the events.
+    #[serde(default)]
+    pub handshakes: u64,
+    /// Handshakes answered otherwise, or not at all: must be 0.
+    #[serde(default)]
+    pub handshakes_failed: u64,
 }
 
 /// One event of the run.

@@ -196,6 +196,7 @@ pub async fn send(
     });
 
     let started = Instant::now();
+    sender.handshakes().await;
     let mut running = JoinSet::new();
     dispatch(&sender, &plan.main, settings.rate, &mut running).await;
     if !plan.late.is_empty() {
@@ -295,6 +296,67 @@ impl Sender {
         }
     }
 
+    /// Performs the handshake of every provider of the plan that has one, as providers do when
+    /// an endpoint is registered, and counts whether each was answered as expected. A few
+    /// attempts each: a receiver may be restarting.
+    async fn handshakes(&self) {
+        let mut names: Vec<&str> = self
+            .plan
+            .events
+            .iter()
+            .map(|e| e.provider.as_str())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        for name in names {
+            let Some(provider) = self.providers.get(name) else {
+                continue;
+            };
+            let url = format!("{}/webhooks/{name}", self.targets[0]);
+            let Some(handshake) = wire::handshake(provider, unix_now(), &url) else {
+                continue;
+            };
+            let mut answered = false;
+            for attempt in 0..5_u32 {
+                if attempt > 0 {
+                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                }
+                if self.handshake_once(&url, &handshake).await {
+                    answered = true;
+                    break;
+                }
+            }
+            let mut tally = self.lock();
+            if answered {
+                tally.totals.handshakes += 1;
+            } else {
+                tally.totals.handshakes_failed += 1;
+            }
+        }
+    }
+
+    async fn handshake_once(&self, url: &str, handshake: &wire::Handshake) -> bool {
+        let url = if handshake.query.is_empty() {
+            url.to_owned()
+        } else {
+            format!("{url}?{}", handshake.query)
+        };
+        let mut request = if handshake.method == "GET" {
+            self.client.get(url)
+        } else {
+            self.client.post(url).body(handshake.body.clone())
+        };
+        for (name, value) in &handshake.headers {
+            request = request.header(name, value);
+        }
+        let Ok(response) = request.send().await else {
+            return false;
+        };
+        let ok = response.status().is_success();
+        let body = response.bytes().await.unwrap_or_default();
+        ok && String::from_utf8_lossy(&body).contains(&handshake.expect)
+    }
+
     /// One HTTP request for `delivery`, signed now, to the next target.
     async fn attempt(&self, delivery: Delivery) -> Answer {
         let event = &self.plan.events[delivery.event];
@@ -305,8 +367,9 @@ impl Sender {
             &self.targets[self.next_target.fetch_add(1, Ordering::Relaxed) % self.targets.len()];
         let url = format!("{target}/webhooks/{}", event.provider);
         let key_pick = rand::random::<u32>() as usize;
-        let headers = wire::request_headers(provider, event, delivery.kind, key_pick, unix_now());
-        let mut request = self.client.post(url).body(event.body.clone());
+        let (headers, body) =
+            wire::request(provider, event, delivery.kind, key_pick, unix_now(), &url);
+        let mut request = self.client.post(url).body(body);
         for (name, value) in headers {
             request = request.header(name, value);
         }

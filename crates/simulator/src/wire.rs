@@ -1,8 +1,10 @@
 //! What goes on the wire for each provider: the body and identity headers a provider of that
-//! scheme sends, where the receiver will look for the event id and type, and the signature
-//! headers of one delivery.
+//! scheme sends, where the receiver will look for the event id and type, the signed request of
+//! one delivery (the headers, and the body for the schemes that sign inside it), and the
+//! handshakes providers perform before they send events.
 
-use inbox_signature::{Scheme, SigningKey};
+use inbox_signature::{Family, Outgoing, SignError, SigningKey};
+use receiver::identify::identify;
 use receiver::providers::{FieldSource, Identity, Provider};
 use serde_json::{Map, Value};
 
@@ -22,12 +24,27 @@ pub fn check_supported(provider: &Provider) -> Result<(), String> {
     if !provider.unsigned && provider.keys.is_empty() {
         return Err("no secret to sign with".into());
     }
+    if let Some(key) = provider.keys.first() {
+        let probe = Outgoing::post(b"{}", "probe", 0);
+        if provider.scheme.sign(key, &probe) == Err(SignError::PublicKeyOnly) {
+            return Err("only public keys are configured: signing needs a private key".into());
+        }
+    }
     if let Identity::Fields {
         event_id,
         event_type,
     } = &provider.identity
     {
-        for source in std::iter::once(event_id).chain(event_type) {
+        match event_id.first() {
+            Some(FieldSource::EveryDelivery) => {
+                return Err("every delivery is its own event: duplicates cannot be planned".into())
+            }
+            Some(FieldSource::FormField(_)) => {
+                return Err("ids in form fields are not simulated".into())
+            }
+            _ => {}
+        }
+        for source in event_id.iter().chain(event_type) {
             if let FieldSource::JsonPointer(pointer) = source {
                 if pointer.is_empty() {
                     return Err("an empty JSON pointer (the whole body) cannot carry an id".into());
@@ -41,74 +58,127 @@ pub fn check_supported(provider: &Provider) -> Result<(), String> {
 /// Whether the provider's requests carry an event type the receiver reads.
 pub fn carries_type(provider: &Provider) -> bool {
     match &provider.identity {
-        Identity::Fields { event_type, .. } => event_type.is_some(),
-        Identity::Shopify | Identity::StandardWebhooks | Identity::Slack { .. } => true,
+        Identity::Fields { event_type, .. } => event_type
+            .first()
+            .is_some_and(|source| !matches!(source, FieldSource::FormField(_))),
+        Identity::Slack { .. } => true,
+        Identity::Batch(batch) => batch.event_type.is_some(),
     }
 }
 
 /// The prefix the provider's own ids have (`evt_` for Stripe, `msg_` for Standard Webhooks).
 pub fn id_prefix(provider: &Provider) -> &'static str {
-    match provider.scheme {
-        Scheme::Stripe { .. } => "evt_",
-        Scheme::StandardWebhooks { .. } => "msg_",
-        Scheme::Slack { .. } => "Ev",
-        Scheme::Github | Scheme::Shopify | Scheme::HmacSha256(_) => "",
+    match provider.scheme.name() {
+        "stripe" => "evt_",
+        "standard-webhooks" => "msg_",
+        "slack" => "Ev",
+        _ => "",
     }
 }
 
 /// The body and identity headers of an event: its id and type where `provider`'s receiver
-/// configuration reads them, `data` under `"data"`.
+/// configuration reads them, `data` under `"data"`; and the event id the receiver will read
+/// (the planned one, or what the provider's scheme derives from it: joined fields, or the
+/// hash of a batch item).
 pub fn compose(
     provider: &Provider,
     event_id: &str,
     event_type: Option<&str>,
     data: Value,
-) -> Result<(Vec<u8>, Headers), String> {
-    let mut body = Map::new();
+) -> Result<(Vec<u8>, Headers, String), String> {
     let mut headers = Vec::new();
-    match &provider.identity {
+    let body = match &provider.identity {
         Identity::Fields {
-            event_id: id_source,
-            event_type: type_source,
+            event_id: id_sources,
+            event_type: type_sources,
         } => {
-            body.insert("data".into(), data);
-            let mut body = Value::Object(body);
-            place(&mut body, &mut headers, id_source, event_id)?;
-            if let (Some(source), Some(event_type)) = (type_source, event_type) {
+            let mut body = Value::Object(Map::from_iter([("data".to_owned(), data)]));
+            if let Some(source) = id_sources.first() {
+                place(&mut body, &mut headers, source, event_id)?;
+            }
+            if let (Some(source), Some(event_type)) = (type_sources.first(), event_type) {
                 place(&mut body, &mut headers, source, event_type)?;
             }
-            return Ok((to_bytes(&body), headers));
-        }
-        Identity::Shopify => {
-            headers.push(("x-shopify-event-id".into(), event_id.into()));
-            if let Some(event_type) = event_type {
-                headers.push(("x-shopify-topic".into(), event_type.into()));
-            }
-            body.insert("data".into(), data);
-        }
-        Identity::StandardWebhooks => {
-            // Signing adds webhook-id; an unsigned provider still needs it as the event id.
-            if provider.unsigned {
-                headers.push(("webhook-id".into(), event_id.into()));
-            }
-            if let Some(event_type) = event_type {
-                body.insert("type".into(), event_type.into());
-            }
-            body.insert("data".into(), data);
+            body
         }
         Identity::Slack { .. } => {
             // An Events API callback: id at the top, type inside the event.
-            body.insert("type".into(), "event_callback".into());
-            body.insert("event_id".into(), event_id.into());
             let mut event = Map::new();
             if let Some(event_type) = event_type {
                 event.insert("type".into(), event_type.into());
             }
-            body.insert("event".into(), Value::Object(event));
-            body.insert("data".into(), data);
+            serde_json::json!({ "type": "event_callback", "event_id": event_id, "event": event, "data": data })
+        }
+        Identity::Batch(batch) => {
+            let mut item = Value::Object(Map::from_iter([
+                ("data".to_owned(), data),
+                ("id".to_owned(), event_id.into()),
+            ]));
+            if let inbox_signature::ItemId::Pointers(pointers) = &batch.id {
+                for pointer in pointers {
+                    place(
+                        &mut item,
+                        &mut headers,
+                        &FieldSource::JsonPointer(pointer.clone()),
+                        event_id,
+                    )?;
+                }
+            }
+            if let (Some(pointer), Some(event_type)) = (&batch.event_type, event_type) {
+                place(
+                    &mut item,
+                    &mut headers,
+                    &FieldSource::JsonPointer(pointer.clone()),
+                    event_type,
+                )?;
+            }
+            wrap_batch(item, &batch.unwrap, &batch.items)?
+        }
+    };
+    let bytes = to_bytes(&body);
+    let received = received_id(provider, &headers, &bytes, event_id)?;
+    Ok((bytes, headers, received))
+}
+
+/// The one-item batch around `item`: under `unwrap`, inside the array at `items`.
+fn wrap_batch(item: Value, unwrap: &str, items: &str) -> Result<Value, String> {
+    let mut wrapped = Value::Object(Map::new());
+    let item = if unwrap.is_empty() {
+        item
+    } else {
+        let mut headers = Vec::new();
+        place_value(&mut wrapped, &mut headers, unwrap, item)?;
+        std::mem::take(&mut wrapped)
+    };
+    if items.is_empty() {
+        return Ok(Value::Array(vec![item]));
+    }
+    let mut body = serde_json::json!({ "object": "simulated" });
+    place_value(&mut body, &mut Vec::new(), items, Value::Array(vec![item]))?;
+    Ok(body)
+}
+
+/// The id the receiver reads from this request, by its own identification code; ids the
+/// signature adds (webhook-id, Twitch's message id) are the planned one.
+fn received_id(
+    provider: &Provider,
+    headers: &Headers,
+    body: &[u8],
+    planned: &str,
+) -> Result<String, String> {
+    let mut probe = headers.clone();
+    for name in provider.scheme.signature_headers() {
+        if !probe.iter().any(|(n, _)| n == name) {
+            probe.push((name.to_owned(), planned.to_owned()));
         }
     }
-    Ok((to_bytes(&Value::Object(body)), headers))
+    match identify(&provider.identity, &probe, body) {
+        Ok(events) if events.len() == 1 => Ok(events[0].event_id.clone()),
+        Ok(_) => Err("a composed body must carry one event".into()),
+        Err(err) => Err(format!(
+            "the receiver cannot identify a composed event: {err}"
+        )),
+    }
 }
 
 fn to_bytes(value: &Value) -> Vec<u8> {
@@ -117,7 +187,7 @@ fn to_bytes(value: &Value) -> Vec<u8> {
 }
 
 /// Puts `value` where `source` says: a header, or the body at a JSON pointer (objects are
-/// created along the way).
+/// created along the way); every pointer of a joined id gets it.
 fn place(
     body: &mut Value,
     headers: &mut Headers,
@@ -130,57 +200,94 @@ fn place(
             Ok(())
         }
         FieldSource::JsonPointer(pointer) => {
-            let mut target = body;
-            let tokens: Vec<String> = pointer
-                .split('/')
-                .skip(1)
-                .map(|token| token.replace("~1", "/").replace("~0", "~"))
-                .collect();
-            let Some((last, parents)) = tokens.split_last() else {
-                return Err(format!("JSON pointer {pointer:?} has no field"));
-            };
-            for token in parents {
-                let object = target
-                    .as_object_mut()
-                    .ok_or_else(|| format!("JSON pointer {pointer:?} crosses a non-object"))?;
-                target = object
-                    .entry(token.clone())
-                    .or_insert_with(|| Value::Object(Map::new()));
+            place_value(body, headers, pointer, Value::from(value))
+        }
+        FieldSource::JsonPointers(pointers) => {
+            for pointer in pointers {
+                place_value(body, headers, pointer, Value::from(value))?;
             }
-            let object = target
-                .as_object_mut()
-                .ok_or_else(|| format!("JSON pointer {pointer:?} crosses a non-object"))?;
-            object.insert(last.clone(), Value::from(value));
             Ok(())
+        }
+        FieldSource::FormField(_) | FieldSource::EveryDelivery => {
+            Err("this id source is not simulated".into())
         }
     }
 }
 
-/// The complete headers of one attempt at a delivery of `event`, signed at `now` (unix
-/// seconds) with configured key number `key_pick` (modulo their number), or forged as `kind`
-/// says.
-pub fn request_headers(
+fn place_value(
+    body: &mut Value,
+    _headers: &mut Headers,
+    pointer: &str,
+    value: Value,
+) -> Result<(), String> {
+    let mut target = body;
+    let tokens: Vec<String> = pointer
+        .split('/')
+        .skip(1)
+        .map(|token| token.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    let Some((last, parents)) = tokens.split_last() else {
+        return Err(format!("JSON pointer {pointer:?} has no field"));
+    };
+    for token in parents {
+        let object = target
+            .as_object_mut()
+            .ok_or_else(|| format!("JSON pointer {pointer:?} crosses a non-object"))?;
+        target = object
+            .entry(token.clone())
+            .or_insert_with(|| Value::Object(Map::new()));
+    }
+    let object = target
+        .as_object_mut()
+        .ok_or_else(|| format!("JSON pointer {pointer:?} crosses a non-object"))?;
+    object.insert(last.clone(), value);
+    Ok(())
+}
+
+/// A key no provider was configured with, of the kind the provider's scheme uses.
+fn forged_key(provider: &Provider) -> Option<SigningKey> {
+    let configured_ed25519 = provider.scheme.name() == "discord"
+        || (provider.scheme.name() == "standard-webhooks"
+            && provider
+                .scheme
+                .sign(provider.keys.first()?, &Outgoing::post(b"", "p", 0))
+                .ok()?
+                .headers
+                .iter()
+                .any(|(_, v)| v.starts_with("v1a,")));
+    match provider.scheme.family() {
+        Family::Credential => SigningKey::credential(b"user:forged-credential").ok(),
+        Family::Asymmetric if provider.scheme.name() == "sendgrid" => {
+            SigningKey::p256_private(&[7; 32]).ok()
+        }
+        _ if configured_ed25519 => Some(SigningKey::ed25519_private(&[7; 32])),
+        _ => SigningKey::from_bytes(FORGED_KEY).ok(),
+    }
+}
+
+/// One attempt at a delivery of `event` to `url`, signed at `now` (unix seconds) with
+/// configured key number `key_pick` (modulo their number), or forged as `kind` says: the
+/// headers and the body to send.
+pub fn request(
     provider: &Provider,
     event: &PlannedEvent,
     kind: DeliveryKind,
     key_pick: usize,
     now: i64,
-) -> Headers {
+    url: &str,
+) -> (Headers, Vec<u8>) {
     let mut headers = event.headers.clone();
     headers.push(("content-type".into(), "application/json".into()));
-    if provider.unsigned {
-        return headers;
+    if provider.unsigned || provider.keys.is_empty() {
+        return (headers, event.body.clone());
     }
     let configured = &provider.keys[key_pick % provider.keys.len()];
     let forged;
     let (key, timestamp) = match kind {
         DeliveryKind::Genuine => (configured, now),
         DeliveryKind::BadSignature => {
-            forged = SigningKey::from_bytes(FORGED_KEY).ok();
-            match &forged {
-                Some(key) => (key, now),
-                None => (configured, now),
-            }
+            forged = forged_key(provider);
+            (forged.as_ref().unwrap_or(configured), now)
         }
         DeliveryKind::StaleTimestamp => {
             let tolerance = provider
@@ -190,12 +297,107 @@ pub fn request_headers(
             (configured, now - tolerance - STALENESS_MARGIN_SECS)
         }
     };
-    headers.extend(
-        provider
-            .scheme
-            .sign(key, &event.body, &event.event_id, timestamp),
-    );
-    headers
+    let signed_url = signed_url(provider, url);
+    let message = Outgoing {
+        method: "POST",
+        url: &signed_url,
+        body: &event.body,
+        id: &event.event_id,
+        timestamp,
+    };
+    match provider.scheme.sign(key, &message) {
+        Ok(signed) => {
+            headers.retain(|(name, _)| !signed.headers.iter().any(|(n, _)| n == name));
+            headers.extend(signed.headers);
+            (headers, signed.body)
+        }
+        Err(_) => (headers, event.body.clone()),
+    }
+}
+
+/// The URL the receiver will check the signature against: its `public_url` when configured.
+fn signed_url(provider: &Provider, url: &str) -> String {
+    provider
+        .public_url
+        .clone()
+        .unwrap_or_else(|| url.to_owned())
+}
+
+/// A handshake the simulator performs before sending events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handshake {
+    /// `GET` or `POST`.
+    pub method: &'static str,
+    /// The query string to add to the provider's URL (without `?`).
+    pub query: String,
+    /// Headers to send.
+    pub headers: Headers,
+    /// Body to send.
+    pub body: Vec<u8>,
+    /// What the answer's body must contain.
+    pub expect: String,
+}
+
+/// The handshake of `provider`'s scheme, signed with its first key at `now`, or `None` when
+/// it performs none the simulator can make (Meta's needs its verify token).
+pub fn handshake(provider: &Provider, now: i64, url: &str) -> Option<Handshake> {
+    let challenge = format!("sim-challenge-{now}");
+    let (headers, body, expect): (Headers, Value, String) = match provider.scheme.name() {
+        "slack" => (
+            Vec::new(),
+            serde_json::json!({ "type": "url_verification", "challenge": challenge }),
+            challenge.clone(),
+        ),
+        "zoom" => (
+            Vec::new(),
+            serde_json::json!({ "event": "endpoint.url_validation", "payload": { "plainToken": challenge }, "event_ts": now }),
+            "encryptedToken".into(),
+        ),
+        "twitch" => (
+            vec![(
+                "twitch-eventsub-message-type".into(),
+                "webhook_callback_verification".into(),
+            )],
+            serde_json::json!({ "challenge": challenge, "subscription": { "type": "channel.follow" } }),
+            challenge.clone(),
+        ),
+        "discord" => (
+            Vec::new(),
+            serde_json::json!({ "type": 1, "id": challenge }),
+            r#"{"type":1}"#.into(),
+        ),
+        "dropbox" => {
+            return Some(Handshake {
+                method: "GET",
+                query: format!("challenge={challenge}"),
+                headers: Vec::new(),
+                body: Vec::new(),
+                expect: challenge,
+            })
+        }
+        _ => return None,
+    };
+    let body = to_bytes(&body);
+    let mut headers = headers;
+    headers.push(("content-type".into(), "application/json".into()));
+    if let Some(key) = provider.keys.first() {
+        let signed_url = signed_url(provider, url);
+        let message = Outgoing {
+            method: "POST",
+            url: &signed_url,
+            body: &body,
+            id: &challenge,
+            timestamp: now,
+        };
+        headers.extend(provider.scheme.sign(key, &message).ok()?.headers);
+    }
+    Some(Handshake {
+        method: "POST",
+        query: String::new(),
+        headers,
+        body,
+        expect,
+    })
 }
 
 #[cfg(test)]
@@ -258,13 +460,17 @@ mod tests {
         body: &[u8],
         now: i64,
     ) -> Result<Identified, String> {
+        const URL: &str = "http://127.0.0.1:9/webhooks/p";
         if !provider.unsigned {
+            let request = inbox_signature::Request::post(&headers, body).at(URL);
             provider
                 .scheme
-                .verify(&headers, body, &provider.keys, now)
+                .verify(&request, &provider.keys, now)
                 .map_err(|err| err.to_string())?;
         }
-        identify(&provider.identity, &headers, body).map_err(|err| err.to_string())
+        let mut events =
+            identify(&provider.identity, &headers, body).map_err(|err| err.to_string())?;
+        events.pop().ok_or_else(|| "no event".to_owned())
     }
 
     #[test]
@@ -274,15 +480,19 @@ mod tests {
         let now = 1_700_000_000;
         for (index, event) in plan.events.iter().enumerate() {
             let provider = providers.get(&event.provider).expect("provider");
-            let headers = request_headers(provider, event, DeliveryKind::Genuine, index, now);
-            let identified = as_received(provider, &headers, &event.body, now)
+            let (headers, body) = request(
+                provider,
+                event,
+                DeliveryKind::Genuine,
+                index,
+                now,
+                "http://127.0.0.1:9/webhooks/p",
+            );
+            let identified = as_received(provider, &headers, &body, now)
                 .unwrap_or_else(|err| panic!("{}: {err}", event.provider));
+            assert_eq!(identified.event_id, event.event_id, "{}", event.provider);
             assert_eq!(
-                identified,
-                Identified::Event {
-                    event_id: event.event_id.clone(),
-                    event_type: event.event_type.clone(),
-                },
+                identified.event_type, event.event_type,
                 "{}",
                 event.provider
             );
@@ -310,11 +520,13 @@ mod tests {
                 if kind == DeliveryKind::StaleTimestamp && provider.scheme.tolerance().is_none() {
                     continue;
                 }
-                let headers = request_headers(provider, event, kind, 0, now);
+                let url = "http://127.0.0.1:9/webhooks/p";
+                let (headers, body) = request(provider, event, kind, 0, now, url);
+                let signed = inbox_signature::Request::post(&headers, &body).at(url);
                 assert!(
                     provider
                         .scheme
-                        .verify(&headers, &event.body, &provider.keys, now)
+                        .verify(&signed, &provider.keys, now)
                         .is_err(),
                     "{} {kind:?} verified",
                     event.provider

@@ -86,17 +86,26 @@ async fn webhook(
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64;
+    let url = format!(
+        "http://{}{}",
+        request.connection_info().host(),
+        request.uri()
+    );
+    let signed = inbox_signature::Request::post(&headers, &body).at(&url);
     if provider
         .scheme
-        .verify(&headers, &body, &provider.keys, now)
+        .verify(&signed, &provider.keys, now)
         .is_err()
     {
         return HttpResponse::Unauthorized().finish();
     }
-    let Ok(Identified::Event {
+    let Some(Identified {
         event_id,
         event_type,
+        ..
     }) = identify(&provider.identity, &headers, &body)
+        .ok()
+        .and_then(|mut events| events.pop())
     else {
         return HttpResponse::BadRequest().finish();
     };

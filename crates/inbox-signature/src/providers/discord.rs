@@ -1,0 +1,91 @@
+//! Discord (interactions and webhook events): `X-Signature-Ed25519: <hex>` over
+//! `timestamp + body` with the application's Ed25519 public key (hex, from the developer
+//! portal), the timestamp in `X-Signature-Timestamp` (unix seconds; 5 minutes of tolerance).
+//! Discord probes endpoints with deliberately bad signatures and expects 401, which every
+//! failure here is. Handshake: the signed PING (`"type": 1`), answered `{"type":1}`.
+//! Event id: body `id`; type: body `type`.
+
+use std::time::Duration;
+
+use crate::family::signed_timestamp::{Curve, SignedTimestamp};
+use crate::providers::{fields, tolerance_or, Options};
+use crate::{Field, HandshakeKind, Scheme, DEFAULT_TOLERANCE};
+
+/// The signature header.
+pub const SIGNATURE: &str = "x-signature-ed25519";
+/// The timestamp header.
+pub const TIMESTAMP: &str = "x-signature-timestamp";
+
+/// The Discord scheme with this tolerance. Keys: the application's public key in hex (or PEM);
+/// a PKCS#8 PEM private key for signing.
+#[must_use]
+pub fn scheme(tolerance: Duration) -> SignedTimestamp {
+    SignedTimestamp {
+        name: "discord",
+        signature_header: SIGNATURE,
+        timestamp_header: TIMESTAMP,
+        curve: Curve::Ed25519Hex,
+        tolerance,
+        profile: fields(&[Field::pointer("/id")], &[Field::pointer("/type")])
+            .with_handshake(HandshakeKind::SignedPost),
+        answers_ping: true,
+    }
+}
+
+/// Builds the scheme (`tolerance` is the only option).
+///
+/// # Errors
+/// Never; the signature is the catalog's.
+pub fn build(options: &Options) -> Result<Box<dyn Scheme>, String> {
+    Ok(Box::new(scheme(tolerance_or(options, DEFAULT_TOLERANCE))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::testing::{assert_vector, verify};
+    use crate::{Request, VerifyError};
+
+    /// RFC 8032 section 7.1 test 1's public key, as Discord shows keys (hex).
+    const PUBLIC_KEY: &str = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a";
+    const BODY: &[u8] = br#"{"type":2,"id":"1234567890","data":{"name":"ping"}}"#;
+    /// Signed with RFC 8032 test 1's secret key by Node's crypto over "1700000000" + BODY;
+    /// accepted by `verifyKey(BODY, SIGNATURE, "1700000000", PUBLIC_KEY)` of npm
+    /// `discord-interactions` 4.4.0.
+    const SIGNATURE: &str = "15485c6297b13334676ce6adae4f9eda670f7cdfa15903b8177decf7eec935dfab0632be45c5806f488daed5ea491199ea7fbe9aa5ab85dc3b20f3f0c02e480b";
+
+    #[test]
+    fn discord_interactions_vector_verifies() {
+        let headers = [
+            ("X-Signature-Ed25519", SIGNATURE),
+            ("X-Signature-Timestamp", "1700000000"),
+        ];
+        let scheme = scheme(DEFAULT_TOLERANCE);
+        assert_vector(&scheme, PUBLIC_KEY, "", &headers, BODY, 1_700_000_000);
+        let other_key = "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c"; // RFC 8032 test 2
+        assert_eq!(
+            verify(&scheme, other_key, "", &headers, BODY, 1_700_000_000),
+            Err(VerifyError::NoMatch)
+        );
+    }
+
+    #[test]
+    fn the_signed_ping_is_answered_with_a_pong() {
+        let body = br#"{"type":1,"id":"1111","application_id":"2222"}"#;
+        // Signed like the vector above; accepted by the same verifyKey.
+        let headers = [
+            ("X-Signature-Ed25519", "76d68dc1a81de331bd2779bd0ccde4694edffee65d0f23be6b9cf757d078e72b921ee772da5f1bf8db397457606fcd2d93a3bd9a30bddae1287bb98620235a0d"),
+            ("X-Signature-Timestamp", "1700000000"),
+        ];
+        let scheme = scheme(DEFAULT_TOLERANCE);
+        assert_vector(&scheme, PUBLIC_KEY, "", &headers, body, 1_700_000_000);
+        let reply = scheme
+            .handshake(&Request::post(&headers, body), None)
+            .expect("PING")
+            .expect("PONG");
+        assert_eq!(reply.body, br#"{"type":1}"#);
+        assert!(scheme
+            .handshake(&Request::post(&headers, BODY), None)
+            .is_none());
+    }
+}

@@ -1,0 +1,167 @@
+//! Storing a verified request's events and answering it: one row per event (a batch gives
+//! several), every row committed before the one answer, in the form the provider expects.
+
+use actix_web::http::header::{self, HeaderMap};
+use actix_web::HttpResponse;
+use futures_util::future::join_all;
+use inbox_core::inbox::{InsertOutcome, NewEvent};
+use inbox_signature::{Ack, HandshakeReply};
+use sha2::{Digest, Sha256};
+
+use crate::error::ApiError;
+use crate::http::AppState;
+use crate::identify::Identified;
+use crate::providers::Provider;
+
+/// Headers never stored: they carry the caller's credentials, not the event.
+const CREDENTIAL_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+    "x-api-key",
+    "x-auth-token",
+    "x-csrf-token",
+    "x-gitlab-token",
+];
+
+/// How many of a request's events were new.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stored {
+    /// Rows committed by this request.
+    pub accepted: usize,
+    /// Events whose `(provider, event_id)` was already stored.
+    pub duplicates: usize,
+}
+
+impl Stored {
+    /// The metrics outcome: `accepted` when anything new was stored.
+    pub fn outcome(self) -> &'static str {
+        if self.accepted > 0 {
+            "accepted"
+        } else {
+            "duplicate"
+        }
+    }
+}
+
+/// Stores every event of a request and returns once all are committed (or known to exist).
+/// They are handed to the ingest path together, so group commit usually writes them in one
+/// statement; if any fails, the request is answered 503 and the provider's retry stores the
+/// rest (those already committed come back as duplicates).
+pub async fn store_all(
+    state: &AppState,
+    provider: &Provider,
+    headers: &HeaderMap,
+    body: &[u8],
+    events: Vec<Identified>,
+) -> Result<Stored, ApiError> {
+    let kept = stored_headers(headers, provider);
+    let rows = events.into_iter().map(|event| {
+        let body = event.body.unwrap_or_else(|| body.to_vec());
+        NewEvent {
+            provider: provider.name.clone(),
+            event_id: event.event_id,
+            event_type: event.event_type,
+            headers: kept.clone(),
+            body_sha256: Sha256::digest(&body).into(),
+            body,
+        }
+    });
+    let results = join_all(rows.map(|row| async {
+        let event_id = row.event_id.clone();
+        (event_id, state.ingestor.store(row).await)
+    }))
+    .await;
+    let mut stored = Stored {
+        accepted: 0,
+        duplicates: 0,
+    };
+    for (event_id, result) in results {
+        let outcome = result.map_err(|cause| ApiError::Unavailable {
+            cause,
+            retry_after_secs: state.limits.retry_after_secs,
+        })?;
+        match outcome {
+            InsertOutcome::Accepted => {
+                tracing::debug!(provider = %provider.name, %event_id, "event accepted");
+                stored.accepted += 1;
+            }
+            InsertOutcome::Duplicate { same_body } => {
+                if same_body == Some(false) {
+                    state
+                        .metrics
+                        .body_mismatches
+                        .with_label_values(&[provider.name.as_str()])
+                        .inc();
+                    tracing::warn!(
+                        provider = %provider.name,
+                        %event_id,
+                        "duplicate event id with a different body: a provider bug or a tampering attempt; the stored body is kept"
+                    );
+                }
+                stored.duplicates += 1;
+            }
+        }
+    }
+    Ok(stored)
+}
+
+/// The answer to stored events: the provider's expected text, or the JSON status (with the
+/// counts, for a batch).
+pub fn acknowledgement(provider: &Provider, stored: Stored, batch: bool) -> HttpResponse {
+    match &provider.ack {
+        Ack::Text(text) => HttpResponse::Ok()
+            .content_type("text/plain; charset=utf-8")
+            .body(text.clone()),
+        Ack::Status if batch => HttpResponse::Ok().json(serde_json::json!({
+            "status": stored.outcome(),
+            "accepted": stored.accepted,
+            "duplicates": stored.duplicates,
+        })),
+        Ack::Status => HttpResponse::Ok().json(serde_json::json!({ "status": stored.outcome() })),
+    }
+}
+
+/// The answer to a handshake. Echoed challenges are attacker-chosen text: never sniffed as
+/// HTML, never cached.
+pub fn handshake_answer(reply: HandshakeReply) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type(reply.content_type)
+        .insert_header(("x-content-type-options", "nosniff"))
+        .insert_header((header::CACHE_CONTROL, "no-store"))
+        .body(reply.body)
+}
+
+/// The headers kept with the event: everything but credentials (or only `keep_headers`), as
+/// `{name: value}` with repeated headers joined by ", " (their meaning under HTTP semantics).
+fn stored_headers(headers: &HeaderMap, provider: &Provider) -> serde_json::Value {
+    let mut kept = serde_json::Map::new();
+    for (name, value) in headers.iter() {
+        let name = name.as_str();
+        let listed = provider
+            .keep_headers
+            .as_ref()
+            .is_none_or(|keep| keep.iter().any(|k| k == name));
+        if CREDENTIAL_HEADERS.contains(&name)
+            || provider.drop_headers.iter().any(|d| d == name)
+            || !listed
+        {
+            continue;
+        }
+        let value = String::from_utf8_lossy(value.as_bytes());
+        match kept.get_mut(name) {
+            Some(serde_json::Value::String(existing)) => {
+                existing.push_str(", ");
+                existing.push_str(&value);
+            }
+            _ => {
+                kept.insert(
+                    name.to_owned(),
+                    serde_json::Value::String(value.into_owned()),
+                );
+            }
+        }
+    }
+    serde_json::Value::Object(kept)
+}

@@ -1,0 +1,324 @@
+//! The provider file's shape and how one entry becomes a [`Provider`]: the scheme from the
+//! catalog, its keys, its identity and its answer.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use inbox_signature::providers::{self, Options, TemplateOptions};
+use inbox_signature::{Ack, Algorithm, DigestEncoding, Family, Scheme, TimestampFormat};
+use serde::Deserialize;
+
+use super::{
+    ConfigError, FieldSource, Identity, Provider, SecretSource, DEFAULT_SLACK_FORM_ID_FIELD,
+};
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum EncodingName {
+    Hex,
+    Base64,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum AlgorithmName {
+    Sha1,
+    Sha256,
+    Sha512,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+enum TimestampFormatName {
+    Unix,
+    UnixMs,
+    Rfc3339,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ProviderSpec {
+    scheme: String,
+    #[serde(default)]
+    secrets: Vec<SecretSource>,
+    #[serde(default)]
+    public_keys: Vec<String>,
+    #[serde(default)]
+    unsigned: bool,
+    #[serde(default, with = "humantime_serde_opt")]
+    tolerance: Option<Duration>,
+    public_url: Option<String>,
+    signature_header: Option<String>,
+    signed: Option<String>,
+    algorithm: Option<AlgorithmName>,
+    encoding: Option<EncodingName>,
+    prefix: Option<String>,
+    timestamp_header: Option<String>,
+    timestamp_format: Option<TimestampFormatName>,
+    id_header: Option<String>,
+    hex_key: Option<bool>,
+    verify_token: Option<SecretSource>,
+    event_id: Option<FieldSource>,
+    event_type: Option<FieldSource>,
+    form_event_id_field: Option<String>,
+    answer: Option<String>,
+    #[serde(default)]
+    drop_headers: Vec<String>,
+    keep_headers: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ProviderFile {
+    #[serde(default)]
+    pub(super) providers: BTreeMap<String, ProviderSpec>,
+}
+
+/// Durations in the file are written like `"300s"` or `"5m"`.
+mod humantime_serde_opt {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text: Option<String> = Option::deserialize(d)?;
+        text.map(|t| humantime::parse_duration(&t).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+fn valid_provider_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name.len() <= 64
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+}
+
+pub(super) fn build_provider(
+    name: &str,
+    spec: ProviderSpec,
+    path: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Provider, ConfigError> {
+    let fail = |message: String| ConfigError::Provider {
+        provider: name.to_owned(),
+        message,
+    };
+    if !valid_provider_name(name) {
+        return Err(fail(
+            "provider names are 1-64 characters of a-z, 0-9, '-' and '_', starting with a letter or digit".into(),
+        ));
+    }
+    let options = scheme_options(&spec, path, env).map_err(&fail)?;
+    let scheme = providers::build(&spec.scheme, &options).map_err(&fail)?;
+    let identity = identity(&spec, scheme.as_ref()).map_err(&fail)?;
+    let public_url = check_public_url(spec.public_url.as_deref()).map_err(&fail)?;
+    let (keys, key_names) = keys(&spec, scheme.as_ref(), path, env).map_err(&fail)?;
+    let profile = scheme.profile();
+    Ok(Provider {
+        name: name.to_owned(),
+        ack: spec.answer.clone().map_or(profile.ack.clone(), Ack::Text),
+        profile,
+        scheme,
+        keys,
+        key_names,
+        unsigned: spec.unsigned,
+        identity,
+        public_url,
+        drop_headers: lowercase(&spec.drop_headers),
+        keep_headers: spec.keep_headers.as_deref().map(lowercase),
+    })
+}
+
+fn lowercase(names: &[String]) -> Vec<String> {
+    names.iter().map(|h| h.to_ascii_lowercase()).collect()
+}
+
+/// The catalog's options from the entry: tolerance, verify token and the template settings.
+fn scheme_options(
+    spec: &ProviderSpec,
+    path: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Options, String> {
+    let verify_token = spec
+        .verify_token
+        .as_ref()
+        .map(|source| read_secret(source, path, env))
+        .transpose()?;
+    Ok(Options {
+        tolerance: spec.tolerance,
+        template: template_options(spec)?,
+        verify_token,
+    })
+}
+
+fn template_options(spec: &ProviderSpec) -> Result<Option<TemplateOptions>, String> {
+    let any = spec.signed.is_some()
+        || spec.algorithm.is_some()
+        || spec.encoding.is_some()
+        || spec.prefix.is_some()
+        || spec.timestamp_header.is_some()
+        || spec.timestamp_format.is_some()
+        || spec.id_header.is_some()
+        || spec.hex_key.is_some();
+    let Some(signature_header) = spec.signature_header.clone() else {
+        if any {
+            return Err(
+                "the template settings need `signature_header` (schemes template and hmac-sha256)"
+                    .into(),
+            );
+        }
+        return Ok(None);
+    };
+    Ok(Some(TemplateOptions {
+        signature_header,
+        signed: spec.signed.clone(),
+        algorithm: match spec.algorithm.unwrap_or(AlgorithmName::Sha256) {
+            AlgorithmName::Sha1 => Algorithm::Sha1,
+            AlgorithmName::Sha256 => Algorithm::Sha256,
+            AlgorithmName::Sha512 => Algorithm::Sha512,
+        },
+        encoding: match spec.encoding.unwrap_or(EncodingName::Hex) {
+            EncodingName::Hex => DigestEncoding::Hex,
+            EncodingName::Base64 => DigestEncoding::Base64,
+        },
+        prefix: spec.prefix.clone(),
+        timestamp_header: spec.timestamp_header.clone(),
+        timestamp_format: match spec.timestamp_format.unwrap_or(TimestampFormatName::Unix) {
+            TimestampFormatName::Unix => TimestampFormat::UnixSeconds,
+            TimestampFormatName::UnixMs => TimestampFormat::UnixMillis,
+            TimestampFormatName::Rfc3339 => TimestampFormat::Rfc3339,
+        },
+        id_header: spec.id_header.clone(),
+        hex_key: spec.hex_key.unwrap_or(false),
+    }))
+}
+
+/// Where the id and type are: the entry's `event_id` / `event_type` when given, else the
+/// scheme's profile (Slack's form handling and batches included).
+fn identity(spec: &ProviderSpec, scheme: &dyn Scheme) -> Result<Identity, String> {
+    if spec.form_event_id_field.is_some() && scheme.name() != "slack" {
+        return Err("`form_event_id_field` applies only to scheme slack".into());
+    }
+    for source in spec.event_id.iter().chain(&spec.event_type) {
+        if let FieldSource::JsonPointer(pointer) = source {
+            if !pointer.is_empty() && !pointer.starts_with('/') {
+                return Err(format!(
+                    "JSON pointer {pointer:?} must be empty or start with '/'"
+                ));
+            }
+        }
+    }
+    let profile = scheme.profile();
+    if scheme.name() == "slack" && spec.event_id.is_none() {
+        return Ok(Identity::Slack {
+            form_id_field: spec
+                .form_event_id_field
+                .clone()
+                .unwrap_or_else(|| DEFAULT_SLACK_FORM_ID_FIELD.to_owned()),
+        });
+    }
+    if let (Some(batch), None) = (&profile.batch, &spec.event_id) {
+        return Ok(Identity::Batch(batch.clone()));
+    }
+    let event_id = match &spec.event_id {
+        Some(source) => vec![source.clone()],
+        None => profile.event_id.iter().map(FieldSource::from).collect(),
+    };
+    if event_id.is_empty() {
+        return Err(format!(
+            "scheme {} needs `event_id = {{ json_pointer = \"/id\" }}` or `{{ header = \"...\" }}`",
+            scheme.name()
+        ));
+    }
+    let event_type = match &spec.event_type {
+        Some(source) => vec![source.clone()],
+        None => profile.event_type.iter().map(FieldSource::from).collect(),
+    };
+    Ok(Identity::Fields {
+        event_id,
+        event_type,
+    })
+}
+
+fn check_public_url(url: Option<&str>) -> Result<Option<String>, String> {
+    match url {
+        Some(url) if url.starts_with("https://") || url.starts_with("http://") => {
+            Ok(Some(url.to_owned()))
+        }
+        Some(_) => Err("`public_url` must be an http:// or https:// URL".into()),
+        None => Ok(None),
+    }
+}
+
+/// The keys, from `secrets` (environment or files) then `public_keys` (inline).
+fn keys(
+    spec: &ProviderSpec,
+    scheme: &dyn Scheme,
+    path: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Vec<inbox_signature::SigningKey>, Vec<String>), String> {
+    let takes_public_keys =
+        scheme.family() == Family::Asymmetric || scheme.name() == "standard-webhooks";
+    if !spec.public_keys.is_empty() && !takes_public_keys {
+        return Err(format!(
+            "`public_keys` applies only to public-key schemes, not {}",
+            scheme.name()
+        ));
+    }
+    let mut keys = Vec::new();
+    let mut names = Vec::new();
+    for (index, source) in spec.secrets.iter().enumerate() {
+        let secret = read_secret(source, path, env)?;
+        keys.push(
+            scheme
+                .key_from_secret(&secret)
+                .map_err(|err| format!("secret #{} is not usable: {err}", index + 1))?,
+        );
+        names.push(source.name.clone().unwrap_or_else(|| index.to_string()));
+    }
+    for (index, public_key) in spec.public_keys.iter().enumerate() {
+        keys.push(
+            scheme
+                .key_from_secret(public_key)
+                .map_err(|err| format!("public key #{} is not usable: {err}", index + 1))?,
+        );
+        names.push(format!("public-{index}"));
+    }
+    if keys.is_empty() && !spec.unsigned {
+        return Err(
+            "no secret configured: add `secrets = [{ env = \"VAR\" }]` (or `{ file = \"path\" }`, or \
+             `public_keys = [\"...\"]` for public-key schemes), or set `unsigned = true` to accept \
+             unverified requests in local development"
+                .into(),
+        );
+    }
+    if !keys.is_empty() && spec.unsigned {
+        return Err("`unsigned = true` together with secrets is contradictory".into());
+    }
+    Ok((keys, names))
+}
+
+fn read_secret(
+    source: &SecretSource,
+    config_path: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, String> {
+    let secret = match (&source.env, &source.file) {
+        (Some(var), None) => {
+            env(var).ok_or_else(|| format!("environment variable {var} is not set"))?
+        }
+        (None, Some(file)) => {
+            // Relative paths are relative to the provider file.
+            let file: PathBuf = config_path.parent().unwrap_or(Path::new(".")).join(file);
+            std::fs::read_to_string(&file)
+                .map_err(|err| format!("cannot read secret file {}: {err}", file.display()))?
+        }
+        _ => return Err("each secret needs exactly one of `env` or `file`".into()),
+    };
+    let secret = secret.trim_end_matches(['\n', '\r']).to_owned();
+    if secret.is_empty() {
+        return Err("a configured secret is empty".into());
+    }
+    Ok(secret)
+}

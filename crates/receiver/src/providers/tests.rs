@@ -1,0 +1,163 @@
+//! Tests of the provider file.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::*;
+
+fn parse(text: &str) -> Result<Providers, ConfigError> {
+    Providers::parse(text, Path::new("providers.toml"), &|var| match var {
+        "SECRET" => Some("s3cr3t-value".to_owned()),
+        "WHSEC" => Some("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned()),
+        _ => None,
+    })
+}
+
+#[test]
+fn every_scheme_parses_with_its_defaults() {
+    let providers = parse(
+        r#"
+        [providers.stripe]
+        scheme = "stripe"
+        secrets = [{ env = "SECRET" }]
+        [providers.github]
+        scheme = "github"
+        secrets = [{ env = "SECRET", name = "current" }, { env = "SECRET" }]
+        [providers.svix]
+        scheme = "standard-webhooks"
+        secrets = [{ env = "WHSEC" }]
+        tolerance = "2m"
+        [providers.shopify]
+        scheme = "shopify"
+        secrets = [{ env = "SECRET" }]
+        [providers.slack]
+        scheme = "slack"
+        secrets = [{ env = "SECRET" }]
+        [providers.acme]
+        scheme = "hmac-sha256"
+        signature_header = "X-Acme-Signature"
+        event_id = { header = "X-Acme-Id" }
+        secrets = [{ env = "SECRET" }]
+        "#,
+    )
+    .expect("valid file");
+    let names: Vec<&str> = providers.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["acme", "github", "shopify", "slack", "stripe", "svix"]
+    );
+    let stripe = providers.get("stripe").expect("stripe");
+    assert_eq!(stripe.scheme.tolerance(), Some(Duration::from_secs(300)));
+    let svix = providers.get("svix").expect("svix");
+    assert_eq!(svix.scheme.tolerance(), Some(Duration::from_secs(120)));
+    let github = providers.get("github").expect("github");
+    assert_eq!(github.key_names, ["current", "1"]);
+    let slack = providers.get("slack").expect("slack");
+    assert_eq!(
+        slack.identity,
+        Identity::Slack {
+            form_id_field: "trigger_id".into()
+        }
+    );
+}
+
+#[test]
+fn a_standard_webhooks_secret_must_be_whsec_base64_and_is_never_echoed() {
+    let err = parse(
+        "[providers.svix]\nscheme = \"standard-webhooks\"\nsecrets = [{ env = \"SECRET\" }]\n",
+    )
+    .expect_err("not base64");
+    assert!(err.to_string().contains("svix"), "{err}");
+    assert!(!err.to_string().contains("s3cr3t"), "secret leaked: {err}");
+}
+
+#[test]
+fn a_provider_without_secrets_fails_unless_marked_unsigned() {
+    let err = parse("[providers.x]\nscheme = \"github\"\n").expect_err("no secret");
+    assert!(err.to_string().contains("no secret configured"), "{err}");
+    let providers = parse("[providers.x]\nscheme = \"github\"\nunsigned = true\n")
+        .expect("unsigned is allowed");
+    assert!(providers.get("x").is_some_and(|p| p.unsigned));
+}
+
+#[test]
+fn a_missing_environment_variable_is_named_and_the_value_never_shown() {
+    let err = parse("[providers.x]\nscheme = \"github\"\nsecrets = [{ env = \"NOPE\" }]\n")
+        .expect_err("unset variable");
+    assert_eq!(
+        err.to_string(),
+        "provider \"x\": environment variable NOPE is not set"
+    );
+}
+
+#[test]
+fn fields_of_other_schemes_and_unknown_fields_are_rejected() {
+    let err = parse(
+        "[providers.x]\nscheme = \"github\"\nsecrets = [{ env = \"SECRET\" }]\nprefix = \"v=\"\n",
+    )
+    .expect_err("prefix on github");
+    assert!(err.to_string().contains("signature_header"), "{err}");
+    let err = parse("[providers.x]\nscheme = \"github\"\nsecret = \"inline\"\n")
+        .expect_err("unknown field");
+    assert!(err.to_string().contains("unknown field"), "{err}");
+    assert!(!err.to_string().contains("inline"), "value leaked: {err}");
+}
+
+#[test]
+fn generic_scheme_requires_header_and_event_id() {
+    let err =
+        parse("[providers.x]\nscheme = \"hmac-sha256\"\nunsigned = true\n").expect_err("no header");
+    assert!(err.to_string().contains("signature_header"), "{err}");
+    let err = parse(
+        "[providers.x]\nscheme = \"hmac-sha256\"\nunsigned = true\nsignature_header = \"X-Sig\"\n",
+    )
+    .expect_err("no event id");
+    assert!(err.to_string().contains("event_id"), "{err}");
+}
+
+#[test]
+fn the_example_file_parses_as_shipped_and_with_every_provider_uncommented() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/providers.example.toml");
+    let text = std::fs::read_to_string(&example).expect("example file");
+    let env = |var: &str| match var {
+        "SVIX_WEBHOOK_SECRET" => Some("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned()),
+        _ => Some(format!("value of {var}")),
+    };
+    let shipped = Providers::parse(&text, &example, &env).expect("shipped example");
+    assert_eq!(shipped.iter().count(), 1);
+
+    // The commented providers are documentation: they must stay valid too.
+    let is_setting = |line: &str| {
+        line.split_once(" = ").is_some_and(|(key, _)| {
+            !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        })
+    };
+    let uncommented: String = text
+        .lines()
+        .map(|line| match line.strip_prefix("# ") {
+            Some(rest) if rest.starts_with("[providers.") || is_setting(rest) => rest,
+            _ => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let folder = std::env::temp_dir().join(format!("providers-example-{}", std::process::id()));
+    std::fs::create_dir_all(folder.join("secrets")).expect("temp folder");
+    std::fs::write(folder.join("secrets/stripe-previous"), "whsec_old\n").expect("secret");
+    let parsed = Providers::parse(&uncommented, &folder.join("providers.toml"), &env);
+    std::fs::remove_dir_all(&folder).expect("cleanup");
+    let all = parsed.expect("every example provider");
+    let names: Vec<&str> = all.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["acme", "demo", "github", "shopify", "slack", "stripe", "svix"]
+    );
+    let stripe = all.get("stripe").expect("stripe");
+    assert_eq!(stripe.key_names, ["current", "previous"]);
+}
+
+#[test]
+fn provider_names_are_restricted_to_url_safe_lowercase() {
+    let err = parse("[providers.\"Bad Name\"]\nscheme = \"github\"\nunsigned = true\n")
+        .expect_err("bad name");
+    assert!(err.to_string().contains("provider names"), "{err}");
+}
