@@ -26,6 +26,7 @@ half = (of("ingest_half_ceiling") or [{"result": {}}])[0]["result"]
 drain = {r["handler"]: r for r in of("drain")}
 e2e = (of("end_to_end") or [{"result": {}}])[0]["result"]
 memory = of("memory")
+by_scheme = {r["scheme"]: r for r in of("ingest_by_scheme")}
 
 
 def verdict(ok, text):
@@ -68,6 +69,11 @@ w(f"| group commit >= 2x per-request | {gc_rate:,.0f}/s vs {pr_rate:,.0f}/s = {g
 w(f"| drain, no-op handler >= 0.8x claim+complete ceiling | {noop:,.0f}/s vs {ceiling_claim:,.0f}/s = {noop / ceiling_claim if ceiling_claim else 0:.2f}x | "
   + verdict(ceiling_claim and noop >= 0.8 * ceiling_claim, f"{noop / ceiling_claim if ceiling_claim else 0:.2f}x") + " |")
 w(f"| drain, demo in-transaction handler >= 8,000/s | {demo:,.0f}/s | " + verdict(demo >= 8000, f"{demo:,.0f}/s") + " |")
+if by_scheme:
+    hmac_rate = by_scheme.get("hmac-sha256", {"result": {"per_second": 0}})["result"]["per_second"]
+    ed_rate = by_scheme.get("standard-webhooks", {"result": {"per_second": 0}})["result"]["per_second"]
+    w(f"| ingest with Ed25519 (Standard Webhooks v1a) beside HMAC-SHA256, group commit, 128 connections, same receiver | "
+      f"{ed_rate:,.0f}/s vs {hmac_rate:,.0f}/s = {ed_rate / hmac_rate if hmac_rate else 0:.2f}x | reported (no target) |")
 w(f"| end to end at 1,000/s: p50 < 5 ms, p99 < 50 ms | p50 {e2e.get('p50_ms', 0):.2f} ms, p99 {e2e.get('p99_ms', 0):.2f} ms | "
   + verdict(e2e.get("p50_ms", 1e9) < 5 and e2e.get("p99_ms", 1e9) < 50,
             f"p50 {e2e.get('p50_ms', 0):.2f} ms, p99 {e2e.get('p99_ms', 0):.2f} ms") + " |")

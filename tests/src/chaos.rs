@@ -25,7 +25,11 @@ use inbox_simulator::{Fate, Mix, Plan, Progress, Report, RetryPolicy, SendSettin
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// The providers of every scenario: all six schemes, Stripe with two secrets (rotation).
+/// The providers of every scenario: the original six schemes, Stripe with two secrets
+/// (rotation), and the other families and shapes: Ed25519 (Discord, with its PING handshake),
+/// ECDSA P-256 batches (SendGrid), static credentials (GitLab), HMAC inside batch items with a
+/// fixed answer (Adyen), a signed URL (Twilio, HubSpot batches), a handshake (Twitch) and
+/// batches keyed by content (Meta).
 pub const PROVIDERS: &str = r#"
 [providers.stripe]
 scheme = "stripe"
@@ -55,10 +59,42 @@ prefix = "sha256="
 event_id = { json_pointer = "/id" }
 event_type = { json_pointer = "/type" }
 secrets = [{ env = "CHAOS_DEMO_SECRET" }]
+
+[providers.discord]
+scheme = "discord"
+secrets = [{ env = "CHAOS_ED25519_KEY" }]
+
+[providers.sendgrid]
+scheme = "sendgrid"
+secrets = [{ env = "CHAOS_P256_KEY" }]
+
+[providers.gitlab]
+scheme = "gitlab"
+secrets = [{ env = "CHAOS_GITLAB_TOKEN" }]
+
+[providers.adyen]
+scheme = "adyen"
+secrets = [{ env = "CHAOS_ADYEN_KEY" }]
+
+[providers.twilio]
+scheme = "twilio"
+secrets = [{ env = "CHAOS_TWILIO_TOKEN" }]
+
+[providers.hubspot]
+scheme = "hubspot"
+secrets = [{ env = "CHAOS_HUBSPOT_SECRET" }]
+
+[providers.twitch]
+scheme = "twitch"
+secrets = [{ env = "CHAOS_TWITCH_SECRET" }]
+
+[providers.meta]
+scheme = "meta"
+secrets = [{ env = "CHAOS_META_SECRET" }]
 "#;
 
 /// The secrets of [`PROVIDERS`], as environment variables of the receivers.
-pub const SECRETS: [(&str, &str); 7] = [
+pub const SECRETS: [(&str, &str); 15] = [
     ("CHAOS_STRIPE_SECRET", "whsec_chaos_stripe_current"),
     ("CHAOS_STRIPE_PREVIOUS", "whsec_chaos_stripe_previous"),
     ("CHAOS_GITHUB_SECRET", "chaos github secret"),
@@ -69,6 +105,25 @@ pub const SECRETS: [(&str, &str); 7] = [
     ("CHAOS_SHOPIFY_SECRET", "chaos-shopify-secret"),
     ("CHAOS_SLACK_SECRET", "8f742231b10e8888abcd99yyyzzz85a5"),
     ("CHAOS_DEMO_SECRET", "chaos-demo-secret"),
+    // RFC 8032 section 7.1 test 1's secret key: the simulator signs with it, the receiver
+    // verifies with its public half.
+    (
+        "CHAOS_ED25519_KEY",
+        "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIJ1hsZ3v/VpguoRK9JLsLMREScVpezJpGXA7rAMcrn9g\n-----END PRIVATE KEY-----",
+    ),
+    (
+        "CHAOS_P256_KEY",
+        "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQga7zR+NutwVfbD0B5\n1+Jh3Y1es9NUGsUnzeWQdHTTI2ahRANCAAT0bJYaJbgrlPSVLxOSuCNqTA1m/n++\nhZjulFPmW+ifVGEIpdf2+4GgTyjlArQViME6BFk87FS6Uj4ViBAAzuBp\n-----END PRIVATE KEY-----",
+    ),
+    ("CHAOS_GITLAB_TOKEN", "chaos-gitlab-token"),
+    (
+        "CHAOS_ADYEN_KEY",
+        "DFB1EB5485895CFA84146406857104ABB4CBCABDC8AAF103A624C8F6A3EAAB00",
+    ),
+    ("CHAOS_TWILIO_TOKEN", "chaos-twilio-token"),
+    ("CHAOS_HUBSPOT_SECRET", "chaos-hubspot-secret"),
+    ("CHAOS_TWITCH_SECRET", "chaos-twitch-secret"),
+    ("CHAOS_META_SECRET", "chaos-meta-secret"),
 ];
 
 /// Lease of the chaos workers: short, so a killed worker's events come back quickly.
@@ -848,6 +903,7 @@ mod invariant {
     pub const FORGERIES: &str = "forged deliveries never accepted nor stored";
     pub const PROVIDER_GAVE_UP: &str = "every genuine event acknowledged within the retry budget";
     pub const CRASHES: &str = "processes exit only when killed";
+    pub const HANDSHAKES: &str = "handshakes answered as the providers expect, never stored";
 }
 
 #[derive(QueryableByName)]
@@ -1029,6 +1085,15 @@ async fn check(url: &str, report: &Report, stuck: u64, exits: Vec<String>) -> Ch
     let mut v = Violations::default();
     for exit in exits {
         v.add(invariant::CRASHES, exit);
+    }
+    if report.totals.handshakes_failed > 0 {
+        v.add(
+            invariant::HANDSHAKES,
+            format!(
+                "{} handshakes not answered as expected",
+                report.totals.handshakes_failed
+            ),
+        );
     }
     if report.totals.forged_accepted > 0 {
         v.add(

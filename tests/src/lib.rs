@@ -267,6 +267,8 @@ pub struct Answer {
     pub headers: Vec<(String, String)>,
     /// The body, parsed as JSON (`Null` when it is not JSON).
     pub json: serde_json::Value,
+    /// The body as received.
+    pub body: Vec<u8>,
 }
 
 impl Answer {
@@ -326,6 +328,7 @@ impl Answer {
             status,
             headers,
             json,
+            body: bytes.to_vec(),
         }
     }
 }

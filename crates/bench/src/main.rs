@@ -23,7 +23,8 @@ use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use inbox_signature::{Algorithm, DigestEncoding, Outgoing, Profile, Scheme, SigningKey, Template};
+use inbox_signature::providers::{self, Options, TemplateOptions};
+use inbox_signature::{Algorithm, DigestEncoding, Outgoing, Scheme, SigningKey, TimestampFormat};
 
 /// Load generator and measurements for webhook-inbox benchmarks.
 #[derive(Debug, Parser)]
@@ -37,11 +38,16 @@ struct Target {
     /// Receiver address (host:port).
     #[arg(long, default_value = "127.0.0.1:8080")]
     addr: String,
-    /// Provider name; it must be a generic hmac-sha256 provider with an `X-Signature: sha256=<hex>`
-    /// header and its event id at `/id` (the `demo` provider of the example file).
+    /// Provider name; its event id must be at `/id` or where its scheme signs it. With the
+    /// default scheme it is a generic hmac-sha256 provider with an `X-Signature: sha256=<hex>`
+    /// header (the `demo` provider of the example file).
     #[arg(long, default_value = "demo")]
     provider: String,
-    /// The provider's secret.
+    /// The provider's scheme, a catalog name: `hmac-sha256` (as `demo`), or e.g.
+    /// `standard-webhooks` to measure Ed25519 (`v1a`) with a `whsk_` secret.
+    #[arg(long, default_value = "hmac-sha256")]
+    scheme: String,
+    /// The provider's secret (a private key for public-key schemes).
     #[arg(long, env = "BENCH_SECRET", hide_env_values = true)]
     secret: String,
     /// Size of each JSON body in bytes.
@@ -153,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
 
 /// Builds signed requests with unique event ids.
 struct Signer {
-    scheme: Template,
+    scheme: std::sync::Arc<dyn Scheme>,
     key: SigningKey,
     path: String,
     host: String,
@@ -164,14 +170,23 @@ struct Signer {
 
 impl Signer {
     fn new(target: &Target) -> anyhow::Result<Self> {
-        let scheme = Template::body_only(
-            "hmac-sha256",
-            "X-Signature",
-            Some("sha256="),
-            DigestEncoding::Hex,
-            Algorithm::Sha256,
-            Profile::fields(Vec::new(), Vec::new()),
-        );
+        let template = (target.scheme == "hmac-sha256").then(|| TemplateOptions {
+            signature_header: "X-Signature".into(),
+            signed: None,
+            algorithm: Algorithm::Sha256,
+            encoding: DigestEncoding::Hex,
+            prefix: Some("sha256=".into()),
+            timestamp_header: None,
+            timestamp_format: TimestampFormat::UnixSeconds,
+            id_header: None,
+            hex_key: false,
+        });
+        let options = Options {
+            template,
+            ..Options::default()
+        };
+        let scheme = providers::build(&target.scheme, &options)
+            .map_err(|err| anyhow::anyhow!("scheme {}: {err}", target.scheme))?;
         let key = scheme
             .key_from_secret(&target.secret)
             .map_err(|err| anyhow::anyhow!("secret: {err}"))?;
@@ -193,17 +208,23 @@ impl Signer {
             r#"{{"id":"{event_id}","type":"bench.event","data":{{"padding":"{}"}}}}"#,
             self.padding
         );
-        let signature = self
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| i64::try_from(elapsed.as_secs()).unwrap_or(0));
+        let signed = self
             .scheme
-            .sign(&self.key, &Outgoing::post(body.as_bytes(), "", 0))
-            .ok()
-            .and_then(|mut signed| signed.headers.pop())
-            .map(|(_, value)| value)
-            .unwrap_or_default();
-        let request = hyper::Request::post(self.path.as_str())
+            .sign(&self.key, &Outgoing::post(body.as_bytes(), &event_id, now))
+            .ok();
+        let (headers, body) = signed.map_or((Vec::new(), body.clone().into_bytes()), |signed| {
+            (signed.headers, signed.body)
+        });
+        let mut builder = hyper::Request::post(self.path.as_str())
             .header("host", self.host.as_str())
-            .header("content-type", "application/json")
-            .header("x-signature", signature)
+            .header("content-type", "application/json");
+        for (name, value) in headers {
+            builder = builder.header(name, value);
+        }
+        let request = builder
             .body(Full::new(Bytes::from(body)))
             .unwrap_or_default();
         (event_id, request)

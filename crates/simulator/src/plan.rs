@@ -176,6 +176,9 @@ pub struct PlannedEvent {
     pub body: Vec<u8>,
     /// Headers that carry its identity (not its signature), e.g. `X-GitHub-Delivery`.
     pub headers: Vec<(String, String)>,
+    /// For providers that send batches: other events (indices into the plan) whose items ride
+    /// along in every request of this one, as extra copies of them.
+    pub batch_with: Vec<usize>,
 }
 
 /// One HTTP delivery of one event (retries of it are attempts, not deliveries).
@@ -321,6 +324,7 @@ impl Plan {
                 events.push(event);
             }
         }
+        add_batch_companions(&mut events, &selected, &mut rng);
         main.shuffle(&mut rng);
         late.shuffle(&mut rng);
         Ok(Self {
@@ -436,7 +440,35 @@ fn draw_deliveries(
         forged,
         body,
         headers,
+        batch_with: Vec::new(),
     })
+}
+
+/// Gives each genuine event of a batch provider up to two companions of the same provider,
+/// so that requests carry several events. Forged-only events are never companions: they must
+/// never enter the inbox.
+fn add_batch_companions(events: &mut [PlannedEvent], selected: &[&Provider], rng: &mut StdRng) {
+    for provider in selected {
+        if !matches!(provider.identity, receiver::providers::Identity::Batch(_)) {
+            continue;
+        }
+        let genuine: Vec<usize> = events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.provider == provider.name && e.fate != Fate::Rejected)
+            .map(|(index, _)| index)
+            .collect();
+        if genuine.len() < 2 {
+            continue;
+        }
+        for &index in &genuine {
+            let companions: Vec<usize> = (0..rng.random_range(0..=2))
+                .map(|_| genuine[rng.random_range(0..genuine.len())])
+                .filter(|&other| other != index)
+                .collect();
+            events[index].batch_with = companions;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -367,8 +367,20 @@ impl Sender {
             &self.targets[self.next_target.fetch_add(1, Ordering::Relaxed) % self.targets.len()];
         let url = format!("{target}/webhooks/{}", event.provider);
         let key_pick = rand::random::<u32>() as usize;
-        let (headers, body) =
-            wire::request(provider, event, delivery.kind, key_pick, unix_now(), &url);
+        let companions: Vec<&crate::plan::PlannedEvent> = event
+            .batch_with
+            .iter()
+            .filter_map(|&index| self.plan.events.get(index))
+            .collect();
+        let (headers, body) = wire::request(
+            provider,
+            event,
+            &companions,
+            delivery.kind,
+            key_pick,
+            unix_now(),
+            &url,
+        );
         let mut request = self.client.post(url).body(body);
         for (name, value) in headers {
             request = request.header(name, value);
@@ -390,9 +402,10 @@ impl Sender {
                     .and_then(|s| s.as_str())
                     .map(str::to_owned)
             });
+        // A batch's status speaks for all its items together, not for this event alone.
         match said.as_deref() {
-            Some("accepted") => Answer::Accepted,
-            Some("duplicate") => Answer::Duplicate,
+            Some("accepted") if companions.is_empty() => Answer::Accepted,
+            Some("duplicate") if companions.is_empty() => Answer::Duplicate,
             _ => Answer::OtherSuccess(status.as_u16()),
         }
     }

@@ -271,6 +271,7 @@ fn forged_key(provider: &Provider) -> Option<SigningKey> {
 pub fn request(
     provider: &Provider,
     event: &PlannedEvent,
+    companions: &[&PlannedEvent],
     kind: DeliveryKind,
     key_pick: usize,
     now: i64,
@@ -278,8 +279,9 @@ pub fn request(
 ) -> (Headers, Vec<u8>) {
     let mut headers = event.headers.clone();
     headers.push(("content-type".into(), "application/json".into()));
+    let body = batch_body(provider, event, companions);
     if provider.unsigned || provider.keys.is_empty() {
-        return (headers, event.body.clone());
+        return (headers, body);
     }
     let configured = &provider.keys[key_pick % provider.keys.len()];
     let forged;
@@ -301,7 +303,7 @@ pub fn request(
     let message = Outgoing {
         method: "POST",
         url: &signed_url,
-        body: &event.body,
+        body: &body,
         id: &event.event_id,
         timestamp,
     };
@@ -311,8 +313,37 @@ pub fn request(
             headers.extend(signed.headers);
             (headers, signed.body)
         }
-        Err(_) => (headers, event.body.clone()),
+        Err(_) => (headers, body),
     }
+}
+
+/// The body of `event`, with the items of `companions` appended to its batch. Every item is
+/// serialized exactly as in its own body, so its stored bytes (and Meta's content key) do not
+/// depend on the batch it came in.
+fn batch_body(provider: &Provider, event: &PlannedEvent, companions: &[&PlannedEvent]) -> Vec<u8> {
+    let Identity::Batch(batch) = &provider.identity else {
+        return event.body.clone();
+    };
+    if companions.is_empty() {
+        return event.body.clone();
+    }
+    let items_of = |body: &[u8]| -> Option<Vec<Value>> {
+        let json: Value = serde_json::from_slice(body).ok()?;
+        json.pointer(&batch.items)?.as_array().cloned()
+    };
+    let Ok(mut json) = serde_json::from_slice::<Value>(&event.body) else {
+        return event.body.clone();
+    };
+    let extra: Vec<Value> = companions
+        .iter()
+        .filter_map(|companion| items_of(&companion.body))
+        .flatten()
+        .collect();
+    match json.pointer_mut(&batch.items).and_then(Value::as_array_mut) {
+        Some(items) => items.extend(extra),
+        None => return event.body.clone(),
+    }
+    to_bytes(&json)
 }
 
 /// The URL the receiver will check the signature against: its `public_url` when configured.
@@ -483,6 +514,7 @@ mod tests {
             let (headers, body) = request(
                 provider,
                 event,
+                &[],
                 DeliveryKind::Genuine,
                 index,
                 now,
@@ -521,7 +553,7 @@ mod tests {
                     continue;
                 }
                 let url = "http://127.0.0.1:9/webhooks/p";
-                let (headers, body) = request(provider, event, kind, 0, now, url);
+                let (headers, body) = request(provider, event, &[], kind, 0, now, url);
                 let signed = inbox_signature::Request::post(&headers, &body).at(url);
                 assert!(
                     provider
@@ -533,5 +565,51 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn batch_requests_carry_their_companions_items_as_their_own_events() {
+        let providers = Providers::parse(
+            "[providers.hubspot]\nscheme = \"hubspot\"\nsecrets = [{ env = \"X\" }]\n\
+             [providers.meta]\nscheme = \"meta\"\nsecrets = [{ env = \"X\" }]\n",
+            Path::new("providers.toml"),
+            &|_| Some("batch-secret".to_owned()),
+        )
+        .expect("valid providers");
+        let plan = Plan::new(&providers, &[], &Mix::default(), 200, 5, "batch").expect("plan");
+        let url = "http://127.0.0.1:9/webhooks/p";
+        let now = 1_700_000_000;
+        let mut seen = 0;
+        for event in plan.events.iter().filter(|e| !e.batch_with.is_empty()) {
+            let provider = providers.get(&event.provider).expect("provider");
+            let companions: Vec<&PlannedEvent> =
+                event.batch_with.iter().map(|&i| &plan.events[i]).collect();
+            let (headers, body) = request(
+                provider,
+                event,
+                &companions,
+                DeliveryKind::Genuine,
+                0,
+                now,
+                url,
+            );
+            let signed = inbox_signature::Request::post(&headers, &body).at(url);
+            provider
+                .scheme
+                .verify(&signed, &provider.keys, now)
+                .expect("verifies");
+            let ids: Vec<String> = identify(&provider.identity, &headers, &body)
+                .expect("identified")
+                .into_iter()
+                .map(|e| e.event_id)
+                .collect();
+            let expected: Vec<String> = std::iter::once(event)
+                .chain(companions.iter().copied())
+                .map(|e| e.event_id.clone())
+                .collect();
+            assert_eq!(ids, expected, "{}", event.provider);
+            seen += 1;
+        }
+        assert!(seen > 10, "only {seen} batches with companions");
     }
 }

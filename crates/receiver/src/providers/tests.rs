@@ -121,6 +121,10 @@ fn the_example_file_parses_as_shipped_and_with_every_provider_uncommented() {
     let text = std::fs::read_to_string(&example).expect("example file");
     let env = |var: &str| match var {
         "SVIX_WEBHOOK_SECRET" => Some("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned()),
+        "ADYEN_HMAC_KEY" => {
+            Some("DFB1EB5485895CFA84146406857104ABB4CBCABDC8AAF103A624C8F6A3EAAB00".to_owned())
+        }
+        "POSTMARK_WEBHOOK_CREDENTIALS" => Some("hooks:password".to_owned()),
         _ => Some(format!("value of {var}")),
     };
     let shipped = Providers::parse(&text, &example, &env).expect("shipped example");
@@ -149,8 +153,39 @@ fn the_example_file_parses_as_shipped_and_with_every_provider_uncommented() {
     let names: Vec<&str> = all.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(
         names,
-        ["acme", "demo", "github", "shopify", "slack", "stripe", "svix"]
+        [
+            "acme",
+            "adyen",
+            "calendly",
+            "demo",
+            "discord",
+            "dropbox",
+            "github",
+            "gitlab",
+            "hubspot",
+            "intercom",
+            "jira",
+            "linear",
+            "mailgun",
+            "meta",
+            "paddle",
+            "postmark",
+            "razorpay",
+            "sendgrid",
+            "shopify",
+            "slack",
+            "square",
+            "stripe",
+            "svix",
+            "svix-ed25519",
+            "twilio",
+            "twitch",
+            "typeform",
+            "woocommerce",
+            "zoom"
+        ]
     );
+    assert_eq!(all.iter().count(), 29);
     let stripe = all.get("stripe").expect("stripe");
     assert_eq!(stripe.key_names, ["current", "previous"]);
 }
