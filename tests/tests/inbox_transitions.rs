@@ -12,6 +12,7 @@ use inbox_core::schema::{
     demo_ledger, demo_payments, inbox_events, inbox_finished, inbox_queue, processed_events,
     webhook_inbox,
 };
+use inbox_core::BackoffPolicy;
 use inbox_tests::count;
 use test_db::TestDatabase;
 
@@ -93,12 +94,12 @@ async fn a_stale_lease_token_cannot_complete_retry_or_dead_letter() {
 }
 
 #[tokio::test]
-async fn expired_leases_are_requeued_or_dead_lettered_when_out_of_attempts() {
+async fn expired_leases_are_requeued_with_backoff_or_dead_lettered_when_rescued_too_often() {
     let db = TestDatabase::new().await;
     let mut conn = db.connect().await;
     inbox::insert_events(&mut conn, &events(2)).await.unwrap();
-    // evt_1 has used its last attempt (3 of 3) when its lease expires.
-    diesel::sql_query("UPDATE inbox_queue SET attempt = 2 WHERE id = (SELECT id FROM inbox_events WHERE event_id = 'evt_1')")
+    // evt_1 was rescued twice already: this third rescue of 3 allowed is its last.
+    diesel::sql_query("UPDATE inbox_queue SET attempt = 2, rescues = 2 WHERE id = (SELECT id FROM inbox_events WHERE event_id = 'evt_1')")
         .execute(&mut conn)
         .await
         .unwrap();
@@ -111,10 +112,19 @@ async fn expired_leases_are_requeued_or_dead_lettered_when_out_of_attempts() {
         .execute(&mut conn)
         .await
         .unwrap();
-    let rescued = inbox::rescue_expired(&mut conn, 3, 100).await.unwrap();
+    let policy = BackoffPolicy {
+        base: Duration::from_secs(60),
+        cap: Duration::from_secs(3600),
+        max_attempts: 3,
+    };
+    let rescued = inbox::rescue_expired(&mut conn, &policy, 100)
+        .await
+        .unwrap();
     assert_eq!((rescued.requeued, rescued.dead), (1, 1));
+    // evt_0's attempt is given back (the crash is counted apart), and it waits a backoff
+    // delay of at most the first attempt's ceiling.
     assert_eq!(
-        count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox WHERE event_id = 'evt_0' AND status = 0 AND attempt = 1 AND last_error LIKE 'lease expired%'").await,
+        count(&mut conn, "SELECT count(*) AS n FROM inbox_queue WHERE id = (SELECT id FROM inbox_events WHERE event_id = 'evt_0') AND status = 0 AND attempt = 0 AND rescues = 1 AND next_attempt_at <= now() + interval '60 seconds' AND last_error LIKE 'lease expired%'").await,
         1
     );
     assert_eq!(
@@ -150,7 +160,9 @@ async fn leases_in_force_are_not_rescued_and_heartbeats_extend_them() {
         "the heartbeat moved the expiry from 300 ms to 30 s ahead"
     );
     assert_eq!(
-        inbox::rescue_expired(&mut conn, 3, 100).await.unwrap(),
+        inbox::rescue_expired(&mut conn, &BackoffPolicy::default(), 100)
+            .await
+            .unwrap(),
         inbox::Rescued::default()
     );
     assert_eq!(
@@ -278,6 +290,7 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
             Option<String>,
             Option<chrono::DateTime<chrono::Utc>>,
             Option<String>,
+            i32,
         )>(&mut conn)
         .await
         .unwrap();
@@ -321,7 +334,7 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
     // And no migrated column is missing from the diesel schema.
     assert_eq!(
         count(&mut conn, "SELECT count(*) AS n FROM information_schema.columns WHERE table_schema = 'public' AND table_name IN ('inbox_events', 'inbox_queue', 'inbox_finished', 'webhook_inbox', 'processed_events', 'demo_ledger', 'demo_payments')").await,
-        8 + 8 + 6 + 16 + 3 + 5 + 7
+        8 + 9 + 6 + 16 + 3 + 5 + 7
     );
     // Nor any table.
     assert_eq!(

@@ -28,6 +28,7 @@ diesel::table! {
         locked_by -> Nullable<Text>,
         locked_until -> Nullable<Timestamptz>,
         last_error -> Nullable<Text>,
+        rescues -> Int4,
     }
 }
 

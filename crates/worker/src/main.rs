@@ -88,7 +88,7 @@ struct RunArgs {
     #[arg(long, env = "WORKER_TRANSACTION_SIZE", default_value_t = 25, value_parser = clap::value_parser!(u16).range(1..=64))]
     transaction_size: u16,
     /// How long a claim stays valid without a heartbeat; a crashed worker's events return to
-    /// the queue after this. Running handlers extend it every third of its length.
+    /// the queue after this. The lease keeper extends it every third of its length.
     #[arg(long, env = "WORKER_LEASE", value_parser = humantime::parse_duration, default_value = "30s")]
     lease: Duration,
     /// Fallback wait between claims when nothing is due and no notification arrives (new
@@ -230,7 +230,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }),
     };
     // Every event in flight may hold a connection (handlers that are not batchable get a
-    // transaction each), plus the claim loop, heartbeats and housekeeping.
+    // transaction each), plus the claim loops, the lease keeper and housekeeping.
     let mut db = args.db.clone();
     let needed = u32::from(args.concurrency) + 4;
     if db.db_pool_size < needed {

@@ -25,6 +25,7 @@ use super::{duration_millis, truncate_error};
 use crate::prepared::{bind, cached_sql};
 use crate::schema::webhook_inbox;
 use crate::statuses_sql;
+use crate::BackoffPolicy;
 
 /// An event claimed by a worker, with everything a handler needs.
 #[derive(Debug, Clone, QueryableByName)]
@@ -283,6 +284,62 @@ pub async fn extend_lease(
     .await
 }
 
+/// The lease keeper's statement: extends to `now() + lease` the leases of every row in
+/// `ids` still held under the token at the same position of `tokens` (the rows of all the
+/// attempts a worker has in flight, whatever claim they came from), and returns the ids that
+/// are no longer held under their token: their leases were lost (rescued, or claimed by
+/// another worker) and their attempts must stop.
+///
+/// Locks: the rows it extends, `SKIP LOCKED`, until the statement commits. A row locked right
+/// now is being retried or finished by its own attempt: it is left alone, and not reported
+/// lost, since the check for lost leases reads the statement's snapshot without locking.
+pub async fn extend_leases(
+    conn: &mut AsyncPgConnection,
+    ids: &[i64],
+    tokens: &[Uuid],
+    lease: Duration,
+) -> QueryResult<Vec<i64>> {
+    #[derive(QueryableByName)]
+    struct Lost {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+    }
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let lost: Vec<Lost> = cached_sql(
+        statuses_sql!(
+            "WITH held AS ( \
+                 SELECT * FROM unnest($1::bigint[], $2::uuid[]) AS held(id, token) \
+             ), extended AS ( \
+                 UPDATE inbox_queue AS queue \
+                 SET locked_until = now() + $3 * interval '1 millisecond' \
+                 WHERE queue.id = ANY(ARRAY( \
+                     SELECT row.id FROM inbox_queue AS row \
+                     JOIN held ON row.id = held.id AND row.lease_token = held.token \
+                     WHERE row.status = {processing} \
+                     FOR UPDATE OF row SKIP LOCKED \
+                 )) \
+                 RETURNING queue.id \
+             ) \
+             SELECT held.id FROM held \
+             WHERE NOT EXISTS ( \
+                 SELECT 1 FROM inbox_queue AS row \
+                 WHERE row.id = held.id AND row.lease_token = held.token \
+                   AND row.status = {processing} \
+             )"
+        ),
+        (
+            bind::<Array<BigInt>, _>(ids),
+            bind::<Array<diesel::sql_types::Uuid>, _>(tokens),
+            bind::<BigInt, _>(duration_millis(lease)),
+        ),
+    )
+    .load(conn)
+    .await?;
+    Ok(lost.into_iter().map(|row| row.id).collect())
+}
+
 /// What one rescue pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Rescued {
@@ -300,9 +357,18 @@ struct RescuedCounts {
     dead: i64,
 }
 
-/// Returns rows whose lease expired (their worker crashed or stalled) to ready, or to dead
-/// when that expired attempt was their last: a crash counts as an attempt, so an event that
-/// kills its worker every time ends dead instead of looping forever.
+/// Why a rescued row left processing, at the head of its `last_error`.
+pub const RESCUE_REASON: &str = "lease expired: the worker crashed or stalled";
+
+/// Returns rows whose lease expired (their worker crashed or stalled) to ready, due after the
+/// backoff delay of the attempt that was cut short, with the handler's previous error kept
+/// beside the rescue reason in `last_error`.
+///
+/// A rescue does not spend one of the event's attempts: when a worker dies abruptly, most of
+/// the events it had in flight did not cause it, and must not reach dead sooner than their
+/// own failures would take them there. It counts a rescue instead (`rescues`); the event that
+/// has been rescued `policy.max_attempts` times (one that kills its worker every time) goes to
+/// dead instead of looping forever.
 ///
 /// Locks at most `limit` expired queue rows, `SKIP LOCKED`, so a completion in flight is never
 /// waited on: its worker may still finish if it commits first. The expired ids are an array
@@ -310,7 +376,7 @@ struct RescuedCounts {
 /// primary key. Requeued rows stay in the queue; dead ones move to `inbox_finished`.
 pub async fn rescue_expired(
     conn: &mut AsyncPgConnection,
-    max_attempts: u32,
+    policy: &BackoffPolicy,
     limit: i64,
 ) -> QueryResult<Rescued> {
     let counts: RescuedCounts = cached_sql(
@@ -325,19 +391,31 @@ pub async fn rescue_expired(
                  ) AS ids \
              ), requeued AS ( \
                  UPDATE inbox_queue AS queue \
-                 SET status = {ready}, next_attempt_at = now(), lease_token = NULL, \
-                     locked_until = NULL, \
-                     last_error = 'lease expired: the worker crashed or stalled' \
-                 WHERE queue.id = ANY((SELECT ids FROM expired)::bigint[]) AND queue.attempt < $2 \
+                 SET status = {ready}, attempt = greatest(queue.attempt - 1, 0), \
+                     rescues = queue.rescues + 1, \
+                     next_attempt_at = now() + random() * least($3::float8, \
+                         $4::float8 * power(2::float8, least(greatest(queue.attempt - 1, 0), 60))) \
+                         * interval '1 millisecond', \
+                     lease_token = NULL, locked_until = NULL, \
+                     last_error = CASE \
+                         WHEN queue.last_error IS NULL THEN $5 \
+                         WHEN starts_with(queue.last_error, $5) THEN queue.last_error \
+                         ELSE left($5 || ' (previous error: ' || queue.last_error || ')', $6) END \
+                 WHERE queue.id = ANY((SELECT ids FROM expired)::bigint[]) \
+                   AND queue.rescues + 1 < $2 \
                  RETURNING queue.id \
              ), dead AS ( \
                  DELETE FROM inbox_queue AS queue \
-                 WHERE queue.id = ANY((SELECT ids FROM expired)::bigint[]) AND queue.attempt >= $2 \
-                 RETURNING queue.id, queue.attempt, queue.locked_by \
+                 WHERE queue.id = ANY((SELECT ids FROM expired)::bigint[]) \
+                   AND queue.rescues + 1 >= $2 \
+                 RETURNING queue.id, queue.attempt, queue.locked_by, queue.last_error \
              ), finished AS ( \
                  INSERT INTO inbox_finished (id, status, attempt, locked_by, last_error, processed_at) \
-                 SELECT id, {dead}, attempt, locked_by, \
-                        'lease expired: the worker crashed or stalled', now() \
+                 SELECT id, {dead}, attempt, locked_by, CASE \
+                         WHEN last_error IS NULL THEN $5 \
+                         WHEN starts_with(last_error, $5) THEN last_error \
+                         ELSE left($5 || ' (previous error: ' || last_error || ')', $6) END, \
+                        now() \
                  FROM dead \
              ) \
              SELECT (SELECT count(*) FROM requeued) AS requeued, \
@@ -345,7 +423,11 @@ pub async fn rescue_expired(
         ),
         (
             bind::<BigInt, _>(limit),
-            bind::<Integer, _>(i32::try_from(max_attempts).unwrap_or(i32::MAX)),
+            bind::<Integer, _>(i32::try_from(policy.max_attempts).unwrap_or(i32::MAX)),
+            bind::<diesel::sql_types::Double, _>(policy.cap.as_secs_f64() * 1_000.0),
+            bind::<diesel::sql_types::Double, _>(policy.base.as_secs_f64() * 1_000.0),
+            bind::<Text, _>(RESCUE_REASON),
+            bind::<Integer, _>(i32::try_from(super::MAX_ERROR_CHARS).unwrap_or(i32::MAX)),
         ),
     )
     .get_result(conn)

@@ -9,8 +9,8 @@ pub mod lease;
 
 pub use ingest::{insert_events, notify_new_events, InsertOutcome, NewEvent};
 pub use lease::{
-    claim_due, complete, complete_all, dead_letter, extend_lease, release_unstarted,
-    rescue_expired, schedule_retry, Claim, ClaimedEvent, Rescued, TransitionError,
+    claim_due, complete, complete_all, dead_letter, extend_lease, extend_leases, release_unstarted,
+    rescue_expired, schedule_retry, Claim, ClaimedEvent, Rescued, TransitionError, RESCUE_REASON,
 };
 
 /// Longest `last_error` kept; error chains can be long and the row is read on every claim.

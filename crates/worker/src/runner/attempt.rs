@@ -19,9 +19,26 @@ use crate::handler::{Event, Handled, HandlerError};
 
 impl Worker {
     /// One attempt at `batch`, claimed under `token`: the transaction, then its settlement.
+    /// The lease keeper keeps the rows leased meanwhile; should it find some of them lost,
+    /// the transaction is abandoned on the spot (it rolls back; a forward in progress is
+    /// dropped).
     pub(super) async fn attempt(&self, batch: Batch, token: Uuid) {
+        let held = self.leases.hold(batch.ids(), token);
+        let session = AttemptSession::default();
         let started = Instant::now();
-        let result = self.run_with_heartbeat(&batch, token).await;
+        let mut lost = None;
+        let result = tokio::select! {
+            // A transaction that has finished wins over a loss found at the same moment.
+            biased;
+            result = self.run_batch(&batch, token, &session) => result,
+            ids = held.lost() => {
+                // The transaction's future is dropped: its connection closes and the server
+                // rolls it back; a statement it was waiting on is cancelled.
+                self.cancel_statement(&session).await;
+                lost = Some(ids);
+                Err(AttemptError::Worker(WorkerError::LeaseLost))
+            }
+        };
         let elapsed = started.elapsed().as_secs_f64() / batch.len() as f64;
         for event in batch.events() {
             self.metrics
@@ -36,14 +53,8 @@ impl Worker {
                 }
             }
             Err(AttemptError::Worker(WorkerError::LeaseLost)) => {
-                tracing::warn!(
-                    events = batch.len(),
-                    "lease lost before completion: the attempt was rolled back"
-                );
-                for (event, label) in batch.labelled_events() {
-                    self.metrics.lease_lost.inc();
-                    self.metrics.count(&event.provider, label, "lease_lost");
-                }
+                drop(held);
+                self.after_lease_lost(batch, token, lost).await;
             }
             Err(AttemptError::Worker(WorkerError::NoConnection(err))) => {
                 tracing::warn!(error = %err, "no database connection to start the attempt; giving the events back");
@@ -53,30 +64,72 @@ impl Worker {
         }
     }
 
-    /// The batch's transaction, its lease extended meanwhile (unless heartbeats are off).
-    async fn run_with_heartbeat(
+    /// The batch's transaction (after its route slots).
+    async fn run_batch(
         &self,
         batch: &Batch,
         token: Uuid,
+        session: &AttemptSession,
     ) -> Result<Vec<Outcome>, AttemptError> {
-        let transaction = async {
-            match batch {
-                Batch::Unrouted(events) => self.complete_unrouted(events, token).await,
-                Batch::Routed(routed) => {
-                    let _slots = self.route_slots(routed).await;
-                    let session = AttemptSession::default();
-                    self.run_transaction(routed, token, &session).await
-                }
+        match batch {
+            Batch::Unrouted(events) => self.complete_unrouted(events, token).await,
+            Batch::Routed(routed) => {
+                let _slots = self.route_slots(routed).await;
+                self.run_transaction(routed, token, session).await
             }
+        }
+    }
+
+    /// Some of the batch's leases were lost (`lost`, when the lease keeper found which; else
+    /// asked here) and its transaction rolled back. The rows lost belong to whoever holds them
+    /// now; the others, still held, run again at once under the same lease: a lost lease
+    /// costs the other events of a shared transaction neither an attempt nor their effects.
+    async fn after_lease_lost(&self, batch: Batch, token: Uuid, lost: Option<Vec<i64>>) {
+        let lost = match lost {
+            Some(ids) => ids,
+            None => self.lost_leases(&batch.ids(), token).await,
         };
-        if !self.settings.heartbeat {
-            return transaction.await;
+        let lost_here: Vec<i64> = batch
+            .ids()
+            .into_iter()
+            .filter(|id| lost.contains(id))
+            .collect();
+        // Unknown which were lost (the check failed): treat them all as lost; the rows still
+        // held return through the rescue when their leases expire.
+        let lost = if lost_here.is_empty() {
+            batch.ids()
+        } else {
+            lost_here
+        };
+        tracing::warn!(
+            events = lost.len(),
+            "lease lost before completion: the attempt was rolled back"
+        );
+        for (event, label) in batch.labelled_events() {
+            if lost.contains(&event.id) {
+                self.metrics.lease_lost.inc();
+                self.metrics.count(&event.provider, label, "lease_lost");
+            }
         }
-        let ids = batch.ids();
-        tokio::select! {
-            result = transaction => result,
-            never = self.heartbeat(&ids, token) => match never {},
+        if let Some(rest) = batch.without(&lost) {
+            Box::pin(self.attempt(rest, token)).await;
         }
+    }
+
+    /// Which of `ids` are no longer held under `token` (extending the others' leases).
+    async fn lost_leases(&self, ids: &[i64], token: Uuid) -> Vec<i64> {
+        let tokens = vec![token; ids.len()];
+        let result = async {
+            let mut conn = self.connection().await?;
+            Ok::<_, WorkerError>(
+                inbox::extend_leases(&mut conn, ids, &tokens, self.settings.lease).await?,
+            )
+        }
+        .await;
+        result.unwrap_or_else(|err| {
+            tracing::warn!(error = %err, "checking which leases were lost failed");
+            Vec::new()
+        })
     }
 
     /// One slot of each limited route of `routed`, taken before the attempt's connection:

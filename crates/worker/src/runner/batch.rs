@@ -50,6 +50,21 @@ impl Batch {
         }
     }
 
+    /// The batch without the events of `ids`, unless none is left.
+    pub(super) fn without(self, ids: &[i64]) -> Option<Self> {
+        let rest = match self {
+            Self::Unrouted(mut events) => {
+                events.retain(|event| !ids.contains(&event.id));
+                Self::Unrouted(events)
+            }
+            Self::Routed(mut routed) => {
+                routed.retain(|routed| !ids.contains(&routed.event.id));
+                Self::Routed(routed)
+            }
+        };
+        (rest.len() > 0).then_some(rest)
+    }
+
     /// The batch's row ids.
     pub(super) fn ids(&self) -> Vec<i64> {
         self.events().iter().map(|event| event.id).collect()

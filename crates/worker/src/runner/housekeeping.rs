@@ -78,7 +78,7 @@ impl Worker {
         let result = async {
             let mut conn = self.connection().await?;
             Ok::<_, WorkerError>(
-                inbox::rescue_expired(&mut conn, self.settings.backoff.max_attempts, 1_000).await?,
+                inbox::rescue_expired(&mut conn, &self.settings.backoff, 1_000).await?,
             )
         }
         .await;

@@ -4,12 +4,13 @@
 //! - [`batch`]: claimed events grouped into transactions, each event routed once;
 //! - [`transaction`]: an attempt's transaction, its savepoints and its handlers;
 //! - [`attempt`]: one attempt from start to settlement (retry, dead letter, lease lost);
-//! - [`heartbeat`]: keeping the leases of running attempts alive;
+//! - [`lease_keeper`]: one task keeping the leases of every attempt in flight alive, and
+//!   stopping the attempts whose lease it found lost;
 //! - [`housekeeping`]: rescue of expired leases, backlog gauges and retention;
 //! - [`error`]: the typed errors of these steps.
 //!
 //! The claim is one short statement that commits at once; no row lock is held while a
-//! handler runs. The lease (token plus expiry, extended by a heartbeat while the handler
+//! handler runs. The lease (token plus expiry, extended by the lease keeper while the handler
 //! runs) is what keeps other workers off the row, and every transition presents the token.
 
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use diesel_async::AsyncPgConnection;
 use inbox_core::db::PgPool;
 use tokio::sync::{watch, Notify};
 
+use self::lease_keeper::LeaseKeeper;
 use crate::handler::Router;
 use crate::metrics::Metrics;
 
@@ -26,8 +28,8 @@ mod attempt;
 mod batch;
 mod claim;
 mod error;
-mod heartbeat;
 mod housekeeping;
+mod lease_keeper;
 mod session;
 mod settings;
 mod transaction;
@@ -43,6 +45,7 @@ pub struct Worker {
     settings: Arc<WorkerSettings>,
     metrics: Metrics,
     wake: Arc<Notify>,
+    leases: Arc<LeaseKeeper>,
 }
 
 impl Worker {
@@ -54,6 +57,7 @@ impl Worker {
             settings: Arc::new(settings),
             metrics,
             wake: Arc::new(Notify::new()),
+            leases: Arc::new(LeaseKeeper::default()),
         }
     }
 
@@ -70,6 +74,11 @@ impl Worker {
             let shutdown = shutdown.clone();
             async move { worker.housekeeping(shutdown).await }
         });
+        // The leases need keeping until the last attempt ends, shutdown grace included.
+        let lease_keeper = self.settings.heartbeat.then(|| {
+            let worker = self.clone();
+            tokio::spawn(async move { worker.keep_leases().await })
+        });
         // Several claim loops, so one claim's round trip and commit never leaves the others'
         // slots idle; each owns a share of the concurrency.
         let claimers = self
@@ -84,6 +93,9 @@ impl Worker {
         });
         futures_util::future::join_all(loops).await;
         housekeeping.abort();
+        if let Some(lease_keeper) = lease_keeper {
+            lease_keeper.abort();
+        }
     }
 
     /// A pooled connection, or [`WorkerError::NoConnection`].

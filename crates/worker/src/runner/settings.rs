@@ -39,7 +39,8 @@ pub struct WorkerSettings {
     /// On shutdown, how long handlers in flight may take to finish before they are abandoned
     /// (their leases then expire and the events are retried).
     pub shutdown_grace: Duration,
-    /// Whether running attempts extend their lease. Off only to simulate a stalled worker.
+    /// Whether the lease keeper extends the leases of running attempts. Off only to simulate
+    /// a stalled worker.
     pub heartbeat: bool,
     /// How often the backlog gauges are read from the database.
     pub stats_interval: Duration,

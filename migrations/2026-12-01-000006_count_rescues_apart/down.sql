@@ -1,0 +1,1 @@
+ALTER TABLE inbox_queue DROP COLUMN rescues;
