@@ -284,30 +284,42 @@ pub async fn extend_lease(
     .await
 }
 
+/// Rows of [`extend_leases`] no longer held under their token.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeasesNotHeld {
+    /// Still in the queue, but ready again (rescued) or under another token: another worker's
+    /// now. Their attempts must stop.
+    pub lost: Vec<i64>,
+    /// No longer in the queue: finished, by their own attempt committing at this very moment
+    /// or by another worker. Their attempts learn which at their completion.
+    pub finished: Vec<i64>,
+}
+
 /// The lease keeper's statement: extends to `now() + lease` the leases of every row in
 /// `ids` still held under the token at the same position of `tokens` (the rows of all the
-/// attempts a worker has in flight, whatever claim they came from), and returns the ids that
-/// are no longer held under their token: their leases were lost (rescued, or claimed by
-/// another worker) and their attempts must stop.
+/// attempts a worker has in flight, whatever claim they came from), and returns those no
+/// longer held under their token.
 ///
 /// Locks: the rows it extends, `SKIP LOCKED`, until the statement commits. A row locked right
-/// now is being retried or finished by its own attempt: it is left alone, and not reported
-/// lost, since the check for lost leases reads the statement's snapshot without locking.
+/// now is being retried or finished by its own attempt: it is left alone, and not reported,
+/// since the check reads the statement's snapshot without locking.
 pub async fn extend_leases(
     conn: &mut AsyncPgConnection,
     ids: &[i64],
     tokens: &[Uuid],
     lease: Duration,
-) -> QueryResult<Vec<i64>> {
+) -> QueryResult<LeasesNotHeld> {
     #[derive(QueryableByName)]
-    struct Lost {
+    struct NotHeld {
         #[diesel(sql_type = BigInt)]
         id: i64,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        queued: bool,
     }
     if ids.is_empty() {
-        return Ok(Vec::new());
+        return Ok(LeasesNotHeld::default());
     }
-    let lost: Vec<Lost> = cached_sql(
+    let rows: Vec<NotHeld> = cached_sql(
         statuses_sql!(
             "WITH held AS ( \
                  SELECT * FROM unnest($1::bigint[], $2::uuid[]) AS held(id, token) \
@@ -322,7 +334,9 @@ pub async fn extend_leases(
                  )) \
                  RETURNING queue.id \
              ) \
-             SELECT held.id FROM held \
+             SELECT held.id, EXISTS (SELECT 1 FROM inbox_queue AS row WHERE row.id = held.id) \
+                    AS queued \
+             FROM held \
              WHERE NOT EXISTS ( \
                  SELECT 1 FROM inbox_queue AS row \
                  WHERE row.id = held.id AND row.lease_token = held.token \
@@ -337,7 +351,12 @@ pub async fn extend_leases(
     )
     .load(conn)
     .await?;
-    Ok(lost.into_iter().map(|row| row.id).collect())
+    let (lost, finished): (Vec<NotHeld>, Vec<NotHeld>) =
+        rows.into_iter().partition(|row| row.queued);
+    Ok(LeasesNotHeld {
+        lost: lost.into_iter().map(|row| row.id).collect(),
+        finished: finished.into_iter().map(|row| row.id).collect(),
+    })
 }
 
 /// What one rescue pass did.

@@ -116,7 +116,8 @@ impl Worker {
         }
     }
 
-    /// Which of `ids` are no longer held under `token` (extending the others' leases).
+    /// Which of `ids` are no longer held under `token`, after the attempt's transaction
+    /// rolled back (so none was finished by it), extending the others' leases.
     async fn lost_leases(&self, ids: &[i64], token: Uuid) -> Vec<i64> {
         let tokens = vec![token; ids.len()];
         let result = async {
@@ -126,10 +127,13 @@ impl Worker {
             )
         }
         .await;
-        result.unwrap_or_else(|err| {
-            tracing::warn!(error = %err, "checking which leases were lost failed");
-            Vec::new()
-        })
+        match result {
+            Ok(not_held) => [not_held.lost, not_held.finished].concat(),
+            Err(err) => {
+                tracing::warn!(error = %err, "checking which leases were lost failed");
+                Vec::new()
+            }
+        }
     }
 
     /// One slot of each limited route of `routed`, taken before the attempt's connection:

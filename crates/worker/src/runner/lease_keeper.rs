@@ -152,13 +152,14 @@ impl Worker {
         }
         .await;
         match result {
-            Ok(lost) if lost.is_empty() => {}
-            Ok(lost) => {
+            // Finished rows are left to their attempts: most were just completed by them.
+            Ok(not_held) if not_held.lost.is_empty() => {}
+            Ok(not_held) => {
                 tracing::warn!(
-                    lost = lost.len(),
+                    lost = not_held.lost.len(),
                     "the lease keeper found leases lost: their attempts stop"
                 );
-                self.leases.report_lost(&lost);
+                self.leases.report_lost(&not_held.lost);
             }
             // The next pass tries again, well within the lease.
             Err(err) => tracing::warn!(error = %err, "extending leases failed"),
