@@ -34,11 +34,14 @@ bench:
 
 ## Proof under fire, long version (minutes): two receivers and three workers under the provider
 ## simulator, workers and receivers killed with SIGKILL, PostgreSQL stopped abruptly, then a
-## summary table; then every fuzz target of inbox-signature for FUZZ_SECONDS (default 25).
+## summary table; then the primary killed with SIGKILL and its standby promoted, synchronous
+## (nothing acknowledged may be lost) and asynchronous (the loss is reported), one scenario at a
+## time; then every fuzz target of inbox-signature for FUZZ_SECONDS (default 25).
 ## Sized by CHAOS_EVENTS (50000), CHAOS_DURATION (240s of sending), CHAOS_WORKER_KILLS (24),
-## CHAOS_RECEIVER_KILLS (4), CHAOS_DATABASE_RESTARTS (2), CHAOS_SEED.
+## CHAOS_RECEIVER_KILLS (4), CHAOS_DATABASE_RESTARTS (2), CHAOS_FAILOVER_EVENTS (10000),
+## CHAOS_FAILOVER_DURATION (60s), CHAOS_SEED.
 chaos: build
-	$(CARGO) test -p inbox-tests --test chaos_long -- --ignored --nocapture
+	$(CARGO) test -p inbox-tests --test chaos_long -- --ignored --nocapture --test-threads 1
 	crates/inbox-signature/fuzz/run
 
 unit-test:

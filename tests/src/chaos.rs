@@ -275,6 +275,68 @@ impl Postgres {
             .collect()
     }
 
+    /// Starts a streaming-replication standby of this server (`pg_basebackup`), known to it
+    /// by the standby's name (for `synchronous_standby_names`), and waits until it streams
+    /// (and, when `synchronous`, until the primary counts it as its synchronous standby).
+    pub async fn start_standby(&self, synchronous: bool) -> Self {
+        let mut standby = Self {
+            name: format!("{}-standby", self.name),
+            url: String::new(),
+            placeholder: None,
+        };
+        standby.url = Self::run("standby", &standby.name, &[&self.name], &[])
+            .await
+            .unwrap_or_else(|err| panic!("{err}"));
+        if synchronous {
+            let mut conn = test_db::establish(&self.url)
+                .await
+                .unwrap_or_else(|err| panic!("{err}"));
+            let sql = format!(
+                "ALTER SYSTEM SET synchronous_standby_names = '\"{}\"'",
+                standby.name
+            );
+            for statement in [sql.as_str(), "SELECT pg_reload_conf()"] {
+                diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, statement)
+                    .await
+                    .unwrap_or_else(|err| panic!("{statement}: {err}"));
+            }
+        }
+        let wanted = if synchronous { "sync" } else { "async" };
+        let query = format!(
+            "SELECT count(*) AS n FROM pg_stat_replication \
+             WHERE state = 'streaming' AND sync_state = '{wanted}'"
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut conn = test_db::establish(&self.url)
+                .await
+                .unwrap_or_else(|err| panic!("{err}"));
+            if number(&mut conn, &query).await.unwrap_or(0) == 1 {
+                return standby;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the standby never became {wanted}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Promotes this standby to primary and waits until it accepts writes.
+    pub async fn promote(&self) {
+        Self::run("promote", &self.name, &[], &[])
+            .await
+            .unwrap_or_else(|err| panic!("{err}"));
+    }
+
+    /// Kills the server and its processes with SIGKILL: a crash of its machine. Its port stays
+    /// closed (connections refused), as a dead host's would.
+    pub async fn sigkill(&self) {
+        Self::run("sigkill", &self.name, &[], &[])
+            .await
+            .unwrap_or_else(|err| panic!("{err}"));
+    }
+
     /// Its folder (data, logs, and `tls/` when started with TLS).
     pub fn folder(&self) -> PathBuf {
         repo_root().join("target/postgres").join(&self.name)
@@ -489,6 +551,10 @@ struct Cluster {
     ports: Vec<u16>,
     workers: Vec<Service>,
     postgres: Postgres,
+    /// The failover's standby, and how long its promotion and ingest's recovery took.
+    standby: Option<Postgres>,
+    promote_after: Duration,
+    failover_times: Option<FailoverTimes>,
 }
 
 /// What a scenario does. Every count is exact: the timeline performs each kill it plans.
@@ -518,6 +584,22 @@ pub struct Scenario {
     pub receiver_downtime: (Duration, Duration),
     /// Bound of the whole scenario after sending ends: the inbox must be drained by then.
     pub drain_within: Duration,
+    /// A standby, and one failover: the primary killed with SIGKILL, the standby promoted
+    /// after `promote_after`; the binaries find it through a multi-host URL.
+    pub failover: Option<Standby>,
+    /// How long the failover takes to promote the standby (failure detection).
+    pub promote_after: Duration,
+}
+
+/// How a failover scenario's standby replicates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standby {
+    /// `synchronous_standby_names` names it: a commit is acknowledged once the standby has
+    /// it, so no acknowledged event may be lost.
+    Synchronous,
+    /// Streaming only: a commit is acknowledged before the standby has it; the scenario
+    /// reports how many acknowledged events the failover lost.
+    Asynchronous,
 }
 
 impl Scenario {
@@ -536,6 +618,23 @@ impl Scenario {
             database_downtime: (Duration::from_secs(2), Duration::from_secs(4)),
             receiver_downtime: (Duration::from_millis(200), Duration::from_millis(1_500)),
             drain_within: Duration::from_secs(120),
+            failover: None,
+            promote_after: Duration::from_secs(1),
+        }
+    }
+
+    /// The failover scenario of `make chaos`: `CHAOS_FAILOVER_EVENTS` (10,000) over
+    /// `CHAOS_FAILOVER_DURATION` (60s of sending), two receivers, three workers.
+    pub fn long_failover(name: &'static str, standby: Standby) -> Self {
+        let send_for = env_duration("CHAOS_FAILOVER_DURATION").unwrap_or(Duration::from_secs(60));
+        Self {
+            receivers: 2,
+            workers: 3,
+            send_for,
+            failover: Some(standby),
+            promote_after: Duration::from_secs(2),
+            drain_within: Duration::from_secs(300),
+            ..Self::new(name, env_number("CHAOS_FAILOVER_EVENTS").unwrap_or(10_000))
         }
     }
 
@@ -543,13 +642,7 @@ impl Scenario {
     /// `CHAOS_DURATION` (sending time, 240s), `CHAOS_WORKER_KILLS` (24),
     /// `CHAOS_RECEIVER_KILLS` (4), `CHAOS_DATABASE_RESTARTS` (2), `CHAOS_SEED`.
     pub fn long_from_env() -> Self {
-        let send_for = std::env::var("CHAOS_DURATION")
-            .ok()
-            .map(|text| {
-                humantime::parse_duration(&text)
-                    .unwrap_or_else(|err| panic!("CHAOS_DURATION {text:?}: {err}"))
-            })
-            .unwrap_or(Duration::from_secs(240));
+        let send_for = env_duration("CHAOS_DURATION").unwrap_or(Duration::from_secs(240));
         Self {
             receivers: 2,
             workers: 3,
@@ -567,11 +660,18 @@ impl Scenario {
     fn stuck_after(&self) -> Duration {
         let outage = if self.database_restarts > 0 {
             self.database_downtime.1
+        } else if self.failover.is_some() {
+            self.promote_after + Duration::from_secs(5)
         } else {
             Duration::ZERO
         };
         LEASE + outage + Duration::from_secs(5)
     }
+}
+
+fn env_duration(name: &str) -> Option<Duration> {
+    let text = std::env::var(name).ok()?;
+    Some(humantime::parse_duration(&text).unwrap_or_else(|err| panic!("{name} {text:?}: {err}")))
 }
 
 fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
@@ -589,6 +689,7 @@ enum Act {
     KillWorker(usize),
     KillReceiver(usize, Duration),
     StopDatabase(Duration),
+    Failover,
 }
 
 /// Kills performed, per component.
@@ -600,6 +701,17 @@ pub struct Kills {
     pub receivers: usize,
     /// Abrupt database stops (each followed by a restart).
     pub database: usize,
+    /// Primaries killed with SIGKILL and replaced by their promoted standby.
+    pub failovers: usize,
+}
+
+/// What a failover took, seen from outside.
+#[derive(Debug, Clone, Copy)]
+pub struct FailoverTimes {
+    /// From the SIGKILL to the standby accepting writes.
+    pub promoted_after: Duration,
+    /// From the SIGKILL to the first webhook a receiver answered 2xx again.
+    pub ingest_after: Duration,
 }
 
 fn draw(rng: &mut StdRng, (low, high): (Duration, Duration)) -> Duration {
@@ -639,6 +751,9 @@ fn timeline(scenario: &Scenario, window: Duration, rng: &mut StdRng) -> Vec<(Dur
             Act::StopDatabase(draw(rng, scenario.database_downtime)),
         ));
     }
+    if scenario.failover.is_some() {
+        acts.push((at(rng, 0.35, 0.5), Act::Failover));
+    }
     acts.sort_by_key(|(moment, _)| *moment);
     acts
 }
@@ -647,14 +762,15 @@ impl Cluster {
     async fn start(
         scenario: &Scenario,
         binaries: &Binaries,
-        postgres: Postgres,
+        (postgres, standby): (Postgres, Option<Postgres>),
+        url: &str,
         folder: &Path,
     ) -> Self {
         let providers_file = folder.join("providers.toml");
         let routes_file = folder.join("routes.toml");
         std::fs::write(&providers_file, PROVIDERS).unwrap_or_else(|e| panic!("{e}"));
         std::fs::write(&routes_file, inbox_simulator::ROUTES).unwrap_or_else(|e| panic!("{e}"));
-        let url = postgres.url.clone();
+        let url = url.to_owned();
         let ports: Vec<u16> = (0..scenario.receivers).map(|_| free_port()).collect();
         let receivers = ports
             .iter()
@@ -740,6 +856,9 @@ impl Cluster {
             ports,
             workers,
             postgres,
+            standby,
+            promote_after: scenario.promote_after,
+            failover_times: None,
         };
         for index in 0..cluster.receivers.len() {
             cluster.start_receiver(index).await;
@@ -826,9 +945,38 @@ impl Cluster {
                     tokio::time::sleep(down).await;
                     self.postgres.restart().await;
                 }
+                Act::Failover => {
+                    self.failover_times = Some(self.fail_over().await);
+                    kills.failovers += 1;
+                }
             }
         }
         kills
+    }
+
+    /// Kills the primary with SIGKILL, promotes the standby `promote_after` later, and
+    /// measures until a receiver answers a webhook 2xx again.
+    async fn fail_over(&mut self) -> FailoverTimes {
+        let standby = self
+            .standby
+            .as_ref()
+            .unwrap_or_else(|| panic!("no standby"));
+        let receiver = self.receiver_urls().swap_remove(0);
+        let killed_at = Instant::now();
+        self.postgres.sigkill().await;
+        let probe = tokio::spawn(first_ingest_after(receiver, killed_at));
+        tokio::time::sleep(self.promote_after).await;
+        standby.promote().await;
+        let promoted_after = killed_at.elapsed();
+        let ingest_after = match tokio::time::timeout(Duration::from_secs(120), probe).await {
+            Ok(Ok(elapsed)) => elapsed,
+            Ok(Err(err)) => std::panic::resume_unwind(err.into_panic()),
+            Err(_) => panic!("no webhook answered 2xx within 120 s of the failover"),
+        };
+        FailoverTimes {
+            promoted_after,
+            ingest_after,
+        }
     }
 
     /// Every exit nobody asked for, over the whole run.
@@ -851,6 +999,8 @@ pub struct Outcome {
     pub report: Report,
     /// Kills performed.
     pub kills: Kills,
+    /// What the failover took (failover scenarios).
+    pub failover: Option<FailoverTimes>,
     /// The invariant check.
     pub check: Check,
     /// Wall-clock time, start to verdict.
@@ -885,6 +1035,9 @@ pub struct Check {
     pub poison: u64,
     /// Events stored whose every answer was lost (stored, but never acknowledged).
     pub stored_unacked: u64,
+    /// Acknowledged events the database lost: missing, or answered `accepted` a second time
+    /// (the first row vanished, a later copy was stored again).
+    pub acked_lost: u64,
     /// Rows that took more than one attempt (a killed worker's, a failed transaction's).
     pub retried_rows: u64,
     /// Most rows seen in processing well past their lease, at one time.
@@ -947,6 +1100,44 @@ struct Number {
 async fn number(conn: &mut AsyncPgConnection, sql: &str) -> diesel::QueryResult<i64> {
     let rows: Vec<Number> = diesel::sql_query(sql).load(conn).await?;
     Ok(rows.into_iter().next().map_or(0, |row| row.n))
+}
+
+/// Event ids of the failover probe's webhooks: not the simulator's, so the check skips them.
+const PROBE_PREFIX: &str = "failover-probe-";
+
+/// Sends a signed webhook (`demo` provider, unrouted) every 20 ms until one is answered 2xx;
+/// returns how long after `since` that was.
+async fn first_ingest_after(receiver: reqwest::Url, since: Instant) -> Duration {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap_or_else(|err| panic!("{err}"));
+    let endpoint = receiver
+        .join("/webhooks/demo")
+        .unwrap_or_else(|err| panic!("{err}"));
+    let secret = SECRETS
+        .iter()
+        .find(|(name, _)| *name == "CHAOS_DEMO_SECRET")
+        .map_or("", |(_, value)| value);
+    for attempt in 0_u64.. {
+        let body = format!(
+            r#"{{"id":"{PROBE_PREFIX}{}-{attempt}","type":"unrouted.failover-probe"}}"#,
+            std::process::id()
+        );
+        let signature = crate::demo_signature(body.as_bytes(), secret);
+        let answer = client
+            .post(endpoint.clone())
+            .header("X-Signature", signature)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+            .await;
+        if answer.is_ok_and(|answer| answer.status().is_success()) {
+            return since.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    unreachable!("the probe loop only ends by returning")
 }
 
 /// Samples, every 250 ms until aborted, how many rows are in processing more than
@@ -1042,15 +1233,26 @@ impl Violations {
 }
 
 /// Checks the invariants of DESIGN.md against the database and the report.
-async fn check(url: &str, report: &Report, stuck: u64, exits: Vec<String>) -> Check {
+///
+/// With `loss_expected` (an asynchronous standby took over), acknowledged events lost are
+/// counted in [`Check::acked_lost`] instead of being violations.
+async fn check(
+    url: &str,
+    report: &Report,
+    stuck: u64,
+    exits: Vec<String>,
+    loss_expected: bool,
+) -> Check {
     let mut conn = test_db::establish(url)
         .await
         .unwrap_or_else(|err| panic!("connecting for the check: {err}"));
-    let rows: Vec<InboxRow> =
-        diesel::sql_query("SELECT provider, event_id, status FROM webhook_inbox")
-            .load(&mut conn)
-            .await
-            .unwrap_or_else(|err| panic!("{err}"));
+    let rows: Vec<InboxRow> = diesel::sql_query(
+        "SELECT provider, event_id, status FROM webhook_inbox WHERE event_id NOT LIKE $1",
+    )
+    .bind::<Text, _>(format!("{PROBE_PREFIX}%"))
+    .load(&mut conn)
+    .await
+    .unwrap_or_else(|err| panic!("{err}"));
     let ledger: Vec<LedgerCount> = diesel::sql_query(
         "SELECT provider, event_id, count(*) AS n FROM demo_ledger GROUP BY provider, event_id",
     )
@@ -1137,19 +1339,25 @@ async fn check(url: &str, report: &Report, stuck: u64, exits: Vec<String>) -> Ch
             );
         }
         if event.accepted > 1 {
-            v.add(
-                invariant::ONE_ROW,
-                format!("{what} answered `accepted` {} times", event.accepted),
-            );
+            found.acked_lost += 1;
+            if !loss_expected {
+                v.add(
+                    invariant::ONE_ROW,
+                    format!("{what} answered `accepted` {} times", event.accepted),
+                );
+            }
         }
         let status = stored.get(&key).copied();
         let lines = effects.get(&key).copied().unwrap_or(0);
         let Some(status) = status else {
             if event.acked {
-                v.add(
-                    invariant::ACKED_DURABLE,
-                    format!("{what} acknowledged but not in the inbox"),
-                );
+                found.acked_lost += 1;
+                if !loss_expected {
+                    v.add(
+                        invariant::ACKED_DURABLE,
+                        format!("{what} acknowledged but not in the inbox"),
+                    );
+                }
             }
             if lines > 0 {
                 v.add(
@@ -1280,7 +1488,19 @@ pub async fn run(scenario: Scenario) -> Outcome {
     let binaries = Binaries::locate();
     let logs = LogFolder::new(scenario.name);
     let postgres = Postgres::start(scenario.name).await;
-    let url = postgres.url.clone();
+    let standby = match scenario.failover {
+        Some(kind) => Some(postgres.start_standby(kind == Standby::Synchronous).await),
+        None => None,
+    };
+    // With a standby, the binaries get both hosts and look for the read-write one.
+    let url = match &standby {
+        Some(standby) => format!(
+            "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+            postgres.port(),
+            standby.port()
+        ),
+        None => postgres.url.clone(),
+    };
     let migrated = tokio::process::Command::new(&binaries.worker)
         .args(["migrate", "--database-url", &url])
         .env("RUST_LOG", "warn")
@@ -1293,7 +1513,8 @@ pub async fn run(scenario: Scenario) -> Outcome {
         "worker migrate failed: {}",
         String::from_utf8_lossy(&migrated.stderr)
     );
-    let mut cluster = Cluster::start(&scenario, &binaries, postgres, &logs.path).await;
+    let mut cluster =
+        Cluster::start(&scenario, &binaries, (postgres, standby), &url, &logs.path).await;
 
     let providers = Arc::new(crate::providers(PROVIDERS, &SECRETS));
     // Unique per run (not drawn from the seed), so no two runs ever share an event id.
@@ -1355,6 +1576,7 @@ pub async fn run(scenario: Scenario) -> Outcome {
         &report,
         AtomicU64::load(&stuck, Ordering::Relaxed),
         exits,
+        scenario.failover == Some(Standby::Asynchronous),
     )
     .await;
     if let Err(why) = drained {
@@ -1363,11 +1585,13 @@ pub async fn run(scenario: Scenario) -> Outcome {
             detail: why,
         });
     }
+    let failover = cluster.failover_times;
     drop(cluster);
     Outcome {
         scenario,
         report,
         kills,
+        failover,
         check,
         elapsed: started.elapsed(),
         logs,
@@ -1380,7 +1604,7 @@ impl Outcome {
         let t = &self.report.totals;
         let s = &self.scenario;
         let c = &self.check;
-        let rows: Vec<(&str, String)> = vec![
+        let mut rows: Vec<(&str, String)> = vec![
             (
                 "events sent",
                 format!(
@@ -1444,12 +1668,31 @@ impl Outcome {
             (
                 "kills",
                 format!(
-                    "worker {} / receiver {} / database {}",
-                    self.kills.workers, self.kills.receivers, self.kills.database
+                    "worker {} / receiver {} / database {} / failover {}",
+                    self.kills.workers,
+                    self.kills.receivers,
+                    self.kills.database,
+                    self.kills.failovers
                 ),
             ),
             ("invariant violations", c.violations.len().to_string()),
         ];
+        if let (Some(standby), Some(times)) = (s.failover, self.failover) {
+            let at = rows.len() - 1;
+            rows.insert(at, ("acknowledged events lost", c.acked_lost.to_string()));
+            rows.insert(
+                at,
+                (
+                    "failover",
+                    format!(
+                        "{standby:?} standby promoted {:.1} s after the primary's SIGKILL; \
+                         ingest answered 2xx again after {:.1} s",
+                        times.promoted_after.as_secs_f64(),
+                        times.ingest_after.as_secs_f64()
+                    ),
+                ),
+            );
+        }
         let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
         let mut out = String::new();
         let _ = writeln!(
@@ -1482,6 +1725,7 @@ impl Outcome {
             workers: s.worker_kills,
             receivers: s.receiver_kills,
             database: s.database_restarts,
+            failovers: usize::from(s.failover.is_some()),
         };
         assert!(
             self.check.violations.is_empty() && self.kills == planned,

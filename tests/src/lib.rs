@@ -162,12 +162,21 @@ pub struct RunningWorker {
 impl RunningWorker {
     /// Starts a worker on `db` with its own pool.
     pub fn start(db: &TestDatabase, router: Router, settings: WorkerSettings) -> Self {
+        Self::start_on(&db.args(10), router, settings)
+    }
+
+    /// Starts a worker on any database (a multi-host URL, say), with a pool of its own.
+    pub fn start_on(
+        database: &inbox_core::db::DatabaseArgs,
+        router: Router,
+        settings: WorkerSettings,
+    ) -> Self {
         let metrics = WorkerMetrics::new();
-        let worker = Worker::new(db.pool(10), router, settings, metrics.clone());
+        let worker = Worker::new(database.pool().unwrap(), router, settings, metrics.clone());
         let (stop, stopped) = watch::channel(false);
         // As in the binary: new events wake the worker through LISTEN/NOTIFY.
         tokio::spawn(worker::listener::listen_for_new_events(
-            db.args(1).connection_settings().unwrap(),
+            database.connection_settings().unwrap(),
             worker.waker(),
             stopped.clone(),
         ));

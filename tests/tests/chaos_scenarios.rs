@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use inbox_tests::chaos::{self, Scenario};
+use inbox_tests::chaos::{self, Scenario, Standby};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_killed_at_random_moments_lose_nothing_and_apply_nothing_twice() {
@@ -57,4 +57,17 @@ async fn two_receivers_and_three_workers_share_the_inbox_without_duplicates() {
     .await;
     println!("{}", outcome.table());
     outcome.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_primary_killed_and_its_synchronous_standby_promoted_loses_no_acknowledged_event() {
+    let outcome = chaos::run(Scenario {
+        failover: Some(Standby::Synchronous),
+        send_for: Duration::from_secs(10),
+        ..Scenario::new("failover", 1_500)
+    })
+    .await;
+    println!("{}", outcome.table());
+    outcome.assert_clean();
+    assert_eq!(outcome.check.acked_lost, 0);
 }

@@ -342,6 +342,16 @@ async fn a_new_event_wakes_an_idle_worker_without_waiting_for_the_poll() {
         Duration::from_secs(30),
     )
     .await;
+    // A notification sent before the listener's LISTEN would be lost (and found by the poll).
+    wait_for_count(
+        &mut conn,
+        "the worker listens",
+        "SELECT count(*) AS n FROM pg_stat_activity \
+         WHERE datname = current_database() AND query LIKE 'LISTEN %'",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
     insert_events(&mut conn, &[event(2, "test.event")])
         .await
         .unwrap();

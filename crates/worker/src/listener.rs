@@ -77,6 +77,9 @@ async fn listen_once(settings: &ConnectionSettings, wake: &Notify) -> Result<(),
         .batch_execute(&format!("LISTEN {}", inbox_core::NOTIFY_CHANNEL))
         .await?;
     tracing::debug!("listening for new-event notifications");
+    // Events committed before the LISTEN (at start, or on a new primary after a failover)
+    // sent their notifications to nobody: an immediate claim finds them.
+    wake_all(wake);
     while let Some(message) = messages.recv().await {
         if let AsyncMessage::Notification(_) = message {
             wake_all(wake);
