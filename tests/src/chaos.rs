@@ -329,12 +329,14 @@ impl Postgres {
             .unwrap_or_else(|err| panic!("{err}"));
     }
 
-    /// Kills the server and its processes with SIGKILL: a crash of its machine. Its port stays
-    /// closed (connections refused), as a dead host's would.
-    pub async fn sigkill(&self) {
+    /// Kills the server and its processes with SIGKILL: a crash of its machine. Its port is
+    /// then held by a placeholder that closes every connection at once, so that no server
+    /// started meanwhile (by another test) takes it.
+    pub async fn sigkill(&mut self) {
         Self::run("sigkill", &self.name, &[], &[])
             .await
             .unwrap_or_else(|err| panic!("{err}"));
+        self.hold_port();
     }
 
     /// Its folder (data, logs, and `tls/` when started with TLS).
@@ -356,8 +358,19 @@ impl Postgres {
     /// starting meanwhile takes the port.
     pub async fn kill(&mut self) {
         Self::run_with_retries("kill", &self.name, &[], &[]).await;
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port()))
-            .await
+        self.hold_port();
+    }
+
+    /// Takes the stopped server's port with a listener that closes every connection.
+    fn hold_port(&mut self) {
+        let address = std::net::SocketAddr::from(([127, 0, 0, 1], self.port()));
+        // Reusable at once, despite the killed server's connections in TIME_WAIT.
+        let listener = tokio::net::TcpSocket::new_v4()
+            .and_then(|socket| {
+                socket.set_reuseaddr(true)?;
+                socket.bind(address)?;
+                socket.listen(128)
+            })
             .unwrap_or_else(|err| panic!("holding port {}: {err}", self.port()));
         self.placeholder = Some(tokio::spawn(async move {
             while let Ok((connection, _)) = listener.accept().await {

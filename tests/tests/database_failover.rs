@@ -174,7 +174,7 @@ async fn a_multi_host_url_with_target_session_attrs_read_write_skips_the_standby
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_failover_the_worker_listens_on_the_new_primary_and_is_woken_there() {
-    let primary = Postgres::start("listen-failover").await;
+    let mut primary = Postgres::start("listen-failover").await;
     inbox_core::db::run_migrations(&primary.url).await.unwrap();
     let standby = primary.start_standby(false).await;
     let mut settings = worker_settings("failover");
