@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)] // test support: failures should stop the test loudly
 
 pub mod chaos;
+pub mod pgbouncer;
 
 use std::path::Path;
 use std::sync::Arc;
