@@ -721,6 +721,9 @@ pub struct Kills {
 /// What a failover took, seen from outside.
 #[derive(Debug, Clone, Copy)]
 pub struct FailoverTimes {
+    /// The standby's flush lag as the primary last reported it before the kill (the window
+    /// of acknowledged commits an asynchronous standby may not have).
+    pub lag_before_kill: Option<Duration>,
     /// From the SIGKILL to the standby accepting writes.
     pub promoted_after: Duration,
     /// From the SIGKILL to the first webhook a receiver answered 2xx again.
@@ -975,6 +978,7 @@ impl Cluster {
             .as_ref()
             .unwrap_or_else(|| panic!("no standby"));
         let receiver = self.receiver_urls().swap_remove(0);
+        let lag_before_kill = flush_lag(&self.postgres.url).await;
         let killed_at = Instant::now();
         self.postgres.sigkill().await;
         let probe = tokio::spawn(first_ingest_after(receiver, killed_at));
@@ -987,6 +991,7 @@ impl Cluster {
             Err(_) => panic!("no webhook answered 2xx within 120 s of the failover"),
         };
         FailoverTimes {
+            lag_before_kill,
             promoted_after,
             ingest_after,
         }
@@ -1113,6 +1118,25 @@ struct Number {
 async fn number(conn: &mut AsyncPgConnection, sql: &str) -> diesel::QueryResult<i64> {
     let rows: Vec<Number> = diesel::sql_query(sql).load(conn).await?;
     Ok(rows.into_iter().next().map_or(0, |row| row.n))
+}
+
+#[derive(QueryableByName)]
+struct Lag {
+    #[diesel(sql_type = Nullable<Double>)]
+    seconds: Option<f64>,
+}
+
+/// The standby's `flush_lag` in `pg_stat_replication` of the primary at `url`.
+async fn flush_lag(url: &str) -> Option<Duration> {
+    let mut conn = test_db::establish(url).await.ok()?;
+    let rows: Vec<Lag> = diesel::sql_query(
+        "SELECT extract(epoch FROM flush_lag)::float8 AS seconds FROM pg_stat_replication",
+    )
+    .load(&mut conn)
+    .await
+    .ok()?;
+    let seconds = rows.into_iter().next()?.seconds.unwrap_or(0.0);
+    Some(Duration::from_secs_f64(seconds.max(0.0)))
 }
 
 /// Event ids of the failover probe's webhooks: not the simulator's, so the check skips them.
@@ -1698,8 +1722,14 @@ impl Outcome {
                 (
                     "failover",
                     format!(
-                        "{standby:?} standby promoted {:.1} s after the primary's SIGKILL; \
-                         ingest answered 2xx again after {:.1} s",
+                        "{standby:?} standby (flush lag {} before the kill) promoted {:.1} s \
+                         after the primary's SIGKILL; ingest answered 2xx again after {:.1} s",
+                        times
+                            .lag_before_kill
+                            .map_or("unknown".to_owned(), |lag| format!(
+                                "{:.1} ms",
+                                lag.as_secs_f64() * 1000.0
+                            )),
                         times.promoted_after.as_secs_f64(),
                         times.ingest_after.as_secs_f64()
                     ),
