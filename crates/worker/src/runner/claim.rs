@@ -31,7 +31,13 @@ impl Worker {
         // One permit per attempt in flight.
         let slots = Arc::new(Semaphore::new(concurrency));
         // Claim in batches: wait for room for this many events unless the worker is idle.
-        let worth_claiming = batch_size.min((concurrency * per_slot).div_ceil(2));
+        // Events of network handlers are claimed as soon as a slot frees: their time goes to
+        // waiting on their targets, and a slot kept free for a bigger claim is time lost.
+        let worth_claiming = if per_slot == 1 {
+            1
+        } else {
+            batch_size.min((concurrency * per_slot).div_ceil(2))
+        };
         loop {
             while in_flight.try_join_next().is_some() {}
             if *shutdown.borrow() {
