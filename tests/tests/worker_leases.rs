@@ -69,13 +69,15 @@ async fn a_handler_blocking_its_thread_past_the_lease_keeps_its_lease_and_its_fi
         .await
         .unwrap();
     let mut settings = worker_settings("w1");
-    settings.lease = Duration::from_secs(1);
+    // Blocked for two and a half leases: without the keeper the lease expires twice over;
+    // the keeper's margin (two thirds of a lease) leaves room for a loaded machine.
+    settings.lease = Duration::from_secs(2);
     settings.handler_timeout = Duration::from_secs(30);
     let router = Router::new().route(
         None,
         None,
         Arc::new(BlocksItsThread {
-            for_how_long: Duration::from_millis(3_500),
+            for_how_long: Duration::from_millis(5_000),
         }),
     );
     let worker = RunningWorker::start(&db, router, settings);
