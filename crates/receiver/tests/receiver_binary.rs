@@ -347,7 +347,13 @@ async fn sigterm_lets_the_request_in_flight_finish_then_the_process_exits_cleanl
         .expect("the process exits")
         .unwrap();
     assert!(status.success(), "exited with {status}");
-    assert!(!served.logs_containing("receiver stopped").is_empty());
+    // The process has exited; its last lines may still be on their way through the pipe.
+    wait_until(
+        "the receiver logs that it stopped",
+        Duration::from_secs(10),
+        || !served.logs_containing("receiver stopped").is_empty(),
+    )
+    .await;
 
     use diesel_async::RunQueryDsl as _;
     #[derive(diesel::QueryableByName)]
