@@ -173,7 +173,7 @@ impl RunningWorker {
         settings: WorkerSettings,
     ) -> Self {
         let metrics = WorkerMetrics::new();
-        let worker = Worker::new(database.pool().unwrap(), router, settings, metrics.clone());
+        let worker = Worker::new(database, router, settings, metrics.clone()).unwrap();
         let (stop, stopped) = watch::channel(false);
         // As in the binary: new events wake the worker through LISTEN/NOTIFY.
         tokio::spawn(worker::listener::listen_for_new_events(

@@ -230,7 +230,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }),
     };
     // Every event in flight may hold a connection (handlers that are not batchable get a
-    // transaction each), plus the claim loops, the lease keeper and housekeeping.
+    // transaction each), plus the claim loops and housekeeping; the lease keeper has a
+    // connection of its own.
     let mut db = args.db.clone();
     let needed = u32::from(args.concurrency) + 4;
     if db.db_pool_size < needed {
@@ -241,12 +242,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         );
         db.db_pool_size = needed;
     }
-    let worker = Worker::new(
-        db.pool().context("reading the database settings")?,
-        router,
-        settings,
-        metrics.clone(),
-    );
+    let worker = Worker::new(&db, router, settings, metrics.clone())
+        .context("reading the database settings")?;
 
     let metrics_data = web::Data::new(metrics);
     let metrics_server = HttpServer::new(move || {

@@ -1,4 +1,4 @@
-//! One lease keeper per worker, in a task of its own: every third of the lease it extends the
+//! One lease keeper per worker, on a thread of its own: every third of the lease it extends the
 //! leases of every attempt in flight in one statement, whatever those attempts are doing (a
 //! CPU-bound or stuck handler no longer stops its own heartbeat), and tells each attempt
 //! whose lease it found lost, so that the attempt stops instead of working on for nothing.
@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use inbox_core::inbox;
-use tokio::sync::Notify;
+use diesel_async::AsyncPgConnection;
+use inbox_core::inbox::{self, lease::LeasesNotHeld};
+use tokio::sync::{oneshot, Notify};
 use uuid::Uuid;
 
 use super::{Worker, WorkerError};
@@ -124,45 +125,138 @@ impl LeaseKeeper {
     }
 }
 
+/// The lease keeper's thread, running until [`KeeperThread::stop`].
+#[derive(Debug)]
+pub(super) struct KeeperThread {
+    stop: oneshot::Sender<()>,
+    running: Running,
+}
+
+#[derive(Debug)]
+enum Running {
+    Thread(std::thread::JoinHandle<()>),
+    /// No thread could be started: the keeper runs as a task of the worker's runtime.
+    Task(tokio::task::JoinHandle<()>),
+}
+
+impl KeeperThread {
+    /// Stops the keeper after its pass in progress, and waits for it.
+    pub(super) async fn stop(self) {
+        let _ = self.stop.send(());
+        match self.running {
+            Running::Thread(thread) => {
+                if let Ok(Err(_panicked)) = tokio::task::spawn_blocking(|| thread.join()).await {
+                    tracing::error!("the lease keeper's thread panicked");
+                }
+            }
+            Running::Task(task) => {
+                let _ = task.await;
+            }
+        }
+    }
+}
+
 impl Worker {
-    /// The lease keeper's loop: runs until the worker's task aborts it, after the last
-    /// attempt has ended.
-    pub(super) async fn keep_leases(&self) {
+    /// Starts the lease keeper on a thread of its own, with a runtime and a connection of its
+    /// own: a handler that blocks one of the worker's runtime threads (CPU-bound work, a
+    /// synchronous call) can stall any task queued behind it on that thread, and so any
+    /// connection driven there; it cannot stall another thread.
+    pub(super) fn start_lease_keeper(&self) -> KeeperThread {
+        let (stop, stopped) = oneshot::channel();
+        let keeper = self.clone();
+        let thread = std::thread::Builder::new()
+            .name("lease-keeper".to_owned())
+            .spawn(move || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime.block_on(keeper.keep_leases(stopped)),
+                    Err(err) => tracing::error!(
+                        error = %err,
+                        "the lease keeper's runtime could not start: leases are not extended"
+                    ),
+                }
+            });
+        let running = match thread {
+            Ok(thread) => Running::Thread(thread),
+            Err(err) => {
+                tracing::warn!(error = %err, "no thread for the lease keeper: it runs as a task");
+                let (stop, stopped) = oneshot::channel();
+                let keeper = self.clone();
+                let task = tokio::spawn(async move { keeper.keep_leases(stopped).await });
+                return KeeperThread {
+                    stop,
+                    running: Running::Task(task),
+                };
+            }
+        };
+        KeeperThread { stop, running }
+    }
+
+    /// The lease keeper's loop, until `stop` fires (after the last attempt has ended).
+    async fn keep_leases(&self, mut stop: oneshot::Receiver<()>) {
         let mut tick = tokio::time::interval(self.settings.lease / 3);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The first tick is immediate; no lease needs extending yet.
         tick.tick().await;
+        let mut conn = None;
         loop {
-            tick.tick().await;
-            self.extend_held_leases().await;
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tick.tick() => {}
+            }
+            self.extend_held_leases(&mut conn).await;
         }
     }
 
-    /// One pass: one statement for every lease in flight.
-    async fn extend_held_leases(&self) {
+    /// One pass: one statement for every lease in flight. A pass that fails or hangs (a
+    /// server gone, a network cut) drops the connection; the next opens another.
+    async fn extend_held_leases(&self, conn: &mut Option<AsyncPgConnection>) {
         let (ids, tokens) = self.leases.snapshot();
         if ids.is_empty() {
             return;
         }
-        let result = async {
-            let mut conn = self.connection().await?;
-            Ok::<_, WorkerError>(
-                inbox::extend_leases(&mut conn, &ids, &tokens, self.settings.lease).await?,
-            )
-        }
-        .await;
-        match result {
+        // Half a lease: a pass that gives up still leaves the next one time to extend.
+        let pass =
+            tokio::time::timeout(self.settings.lease / 2, self.extend_on(conn, &ids, &tokens))
+                .await;
+        match pass {
             // Finished rows are left to their attempts: most were just completed by them.
-            Ok(not_held) if not_held.lost.is_empty() => {}
-            Ok(not_held) => {
+            Ok(Ok(not_held)) if not_held.lost.is_empty() => {}
+            Ok(Ok(not_held)) => {
                 tracing::warn!(
                     lost = not_held.lost.len(),
                     "the lease keeper found leases lost: their attempts stop"
                 );
                 self.leases.report_lost(&not_held.lost);
             }
-            // The next pass tries again, well within the lease.
-            Err(err) => tracing::warn!(error = %err, "extending leases failed"),
+            Ok(Err(err)) => {
+                *conn = None;
+                tracing::warn!(error = %err, "extending leases failed");
+            }
+            Err(_elapsed) => {
+                *conn = None;
+                tracing::warn!("extending leases took longer than half the lease: retrying");
+            }
         }
+    }
+
+    async fn extend_on(
+        &self,
+        conn: &mut Option<AsyncPgConnection>,
+        ids: &[i64],
+        tokens: &[Uuid],
+    ) -> Result<LeasesNotHeld, WorkerError> {
+        let conn = match conn {
+            Some(conn) => conn,
+            None => conn.insert(
+                self.connections
+                    .establish()
+                    .await
+                    .map_err(|err| WorkerError::NoConnection(err.to_string()))?,
+            ),
+        };
+        Ok(inbox::extend_leases(conn, ids, tokens, self.settings.lease).await?)
     }
 }

@@ -4,7 +4,7 @@
 //! - [`batch`]: claimed events grouped into transactions, each event routed once;
 //! - [`transaction`]: an attempt's transaction, its savepoints and its handlers;
 //! - [`attempt`]: one attempt from start to settlement (retry, dead letter, lease lost);
-//! - [`lease_keeper`]: one task keeping the leases of every attempt in flight alive, and
+//! - [`lease_keeper`]: one thread keeping the leases of every attempt in flight alive, and
 //!   stopping the attempts whose lease it found lost;
 //! - [`housekeeping`]: rescue of expired leases, backlog gauges and retention;
 //! - [`error`]: the typed errors of these steps.
@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use diesel_async::pooled_connection::bb8::PooledConnection;
 use diesel_async::AsyncPgConnection;
-use inbox_core::db::PgPool;
+use inbox_core::db::{ConnectionSettings, DatabaseArgs, PgPool, SettingsError};
 use tokio::sync::{watch, Notify};
 
 use self::lease_keeper::LeaseKeeper;
@@ -46,19 +46,28 @@ pub struct Worker {
     metrics: Metrics,
     wake: Arc<Notify>,
     leases: Arc<LeaseKeeper>,
+    /// How the lease keeper opens its own connection, outside the pool.
+    connections: ConnectionSettings,
 }
 
 impl Worker {
-    /// A worker over `pool` running `router`'s handlers.
-    pub fn new(pool: PgPool, router: Router, settings: WorkerSettings, metrics: Metrics) -> Self {
-        Self {
-            pool,
+    /// A worker on `database` (a pool of its size, and one more connection for the lease
+    /// keeper) running `router`'s handlers. Fails on unreadable connection settings.
+    pub fn new(
+        database: &DatabaseArgs,
+        router: Router,
+        settings: WorkerSettings,
+        metrics: Metrics,
+    ) -> Result<Self, SettingsError> {
+        Ok(Self {
+            pool: database.pool()?,
+            connections: database.connection_settings()?,
             router: Arc::new(router),
             settings: Arc::new(settings),
             metrics,
             wake: Arc::new(Notify::new()),
             leases: Arc::new(LeaseKeeper::default()),
-        }
+        })
     }
 
     /// Wakes an idle worker at once (a notification that new events were committed).
@@ -75,10 +84,7 @@ impl Worker {
             async move { worker.housekeeping(shutdown).await }
         });
         // The leases need keeping until the last attempt ends, shutdown grace included.
-        let lease_keeper = self.settings.heartbeat.then(|| {
-            let worker = self.clone();
-            tokio::spawn(async move { worker.keep_leases().await })
-        });
+        let lease_keeper = self.settings.heartbeat.then(|| self.start_lease_keeper());
         // Several claim loops, so one claim's round trip and commit never leaves the others'
         // slots idle; each owns a share of the concurrency.
         let claimers = self
@@ -94,7 +100,7 @@ impl Worker {
         futures_util::future::join_all(loops).await;
         housekeeping.abort();
         if let Some(lease_keeper) = lease_keeper {
-            lease_keeper.abort();
+            lease_keeper.stop().await;
         }
     }
 
