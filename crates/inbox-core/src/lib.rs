@@ -9,6 +9,7 @@
 pub mod backoff;
 pub mod db;
 pub mod inbox;
+pub mod limits;
 pub mod metrics;
 pub mod operations;
 pub mod pg_connect;

@@ -47,8 +47,9 @@ impl Stored {
 
 /// Stores every event of a request and returns once all are committed (or known to exist).
 /// They are handed to the ingest path together, so group commit usually writes them in one
-/// statement; if any fails, the request is answered 503 and the provider's retry stores the
-/// rest (those already committed come back as duplicates).
+/// statement; if any fails, the request is answered 503 (422 when the database refused its
+/// row) and the provider's retry stores the rest (those already committed come back as
+/// duplicates).
 pub async fn store_all(
     state: &AppState,
     provider: &Provider,
@@ -78,10 +79,8 @@ pub async fn store_all(
         duplicates: 0,
     };
     for (event_id, result) in results {
-        let outcome = result.map_err(|cause| ApiError::Unavailable {
-            cause,
-            retry_after_secs: state.limits.retry_after_secs,
-        })?;
+        let outcome =
+            result.map_err(|cause| ApiError::not_stored(cause, state.limits.retry_after_secs))?;
         match outcome {
             InsertOutcome::Accepted => {
                 tracing::debug!(provider = %provider.name, %event_id, "event accepted");

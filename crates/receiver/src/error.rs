@@ -37,6 +37,9 @@ pub enum ApiError {
     /// The body stream broke.
     #[error("body could not be read")]
     BodyUnreadable,
+    /// The database refused the event's row (a constraint): retrying cannot store it.
+    #[error("the event cannot be stored")]
+    Unstorable(#[source] Arc<StoreError>),
     /// The event could not be stored: nothing was acked, the provider should retry.
     #[error("temporarily unable to store the event")]
     Unavailable {
@@ -49,6 +52,19 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// The answer to an event that could not be stored: refused for good when the database
+    /// refused its row, else 503 so the provider retries.
+    pub fn not_stored(cause: Arc<StoreError>, retry_after_secs: u64) -> Self {
+        if matches!(*cause, StoreError::InvalidRow(_)) {
+            Self::Unstorable(cause)
+        } else {
+            Self::Unavailable {
+                cause,
+                retry_after_secs,
+            }
+        }
+    }
+
     /// The error and its causes, `": "`-separated, for the one log line at the boundary. The
     /// HTTP answer shows only the first part: causes may name database internals.
     pub fn chain(&self) -> String {
@@ -85,6 +101,7 @@ impl ApiError {
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::BodyTimeout(_) => "body_timeout",
             Self::BodyUnreadable => "body_unreadable",
+            Self::Unstorable(_) => "unstorable_event",
             Self::Unavailable { .. } => "unavailable",
         }
     }
@@ -96,6 +113,7 @@ impl ApiError {
             StatusCode::UNAUTHORIZED => "unauthorized",
             StatusCode::PAYLOAD_TOO_LARGE => "too_large",
             StatusCode::REQUEST_TIMEOUT => "timeout",
+            StatusCode::UNPROCESSABLE_ENTITY => "unstorable",
             StatusCode::SERVICE_UNAVAILABLE => "unavailable",
             _ => "bad_request",
         }
@@ -112,6 +130,7 @@ impl ResponseError for ApiError {
             }
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::Unstorable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }

@@ -14,7 +14,7 @@ pub struct Metrics {
     registry: Registry,
     /// `inbox_receiver_requests_total{provider,outcome}`: webhook requests answered, by outcome
     /// (accepted, duplicate, challenge, unauthorized, bad_request, too_large, timeout,
-    /// unavailable, not_found).
+    /// unavailable, unstorable, not_found).
     pub requests: IntCounterVec,
     /// `inbox_receiver_ingest_duration_seconds{provider}`: from the request's arrival to its
     /// answer, for requests that reached the database.
@@ -25,7 +25,7 @@ pub struct Metrics {
     /// by a writer (a backlog here means the database is slower than the traffic).
     pub ingest_queue: IntGauge,
     /// `inbox_receiver_db_errors_total{kind}`: failed writes (no_connection, deadline, query,
-    /// overloaded, shutting_down).
+    /// overloaded, shutting_down: answered 503; invalid_row: one event refused with 422).
     pub db_errors: IntCounterVec,
     /// `inbox_receiver_duplicate_body_mismatch_total{provider}`: redeliveries of a known event
     /// id whose body differs from the stored one (a provider bug or tampering).
@@ -98,7 +98,7 @@ impl Metrics {
         let db_errors = counter(
             &registry,
             "receiver_db_errors_total",
-            "Event writes that failed, by kind; their requests were answered 503.",
+            "Event writes that failed, by kind (invalid_row answered 422, the others 503).",
             &["kind"],
         );
         let body_mismatches = counter(
@@ -125,12 +125,9 @@ impl Metrics {
         }
     }
 
-    /// Records one insert statement of `events` events and its failure, if any.
-    pub fn observe_batch(&self, events: usize, error: Option<&StoreError>) {
-        self.batch_size.observe(events as f64);
-        if let Some(error) = error {
-            self.db_errors.with_label_values(&[error.kind()]).inc();
-        }
+    /// Counts one failed write: a group of events that failed together, or one refused row.
+    pub fn observe_failure(&self, error: &StoreError) {
+        self.db_errors.with_label_values(&[error.kind()]).inc();
     }
 
     /// The text exposition for Prometheus.

@@ -39,8 +39,7 @@ use serde::Deserialize;
 
 pub use help::PROVIDER_FILE_HELP;
 
-/// Longest event id the inbox stores (the column's CHECK constraint).
-pub const MAX_EVENT_ID_CHARS: usize = 255;
+pub use inbox_core::limits::{MAX_EVENT_ID_CHARS, MAX_PROVIDER_CHARS};
 
 /// Form field that keys Slack's form-encoded bodies (slash commands), unless configured.
 pub const DEFAULT_SLACK_FORM_ID_FIELD: &str = "trigger_id";

@@ -90,7 +90,7 @@ mod humantime_serde_opt {
 fn valid_provider_name(name: &str) -> bool {
     let mut chars = name.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit())
-        && name.len() <= 64
+        && name.len() <= super::MAX_PROVIDER_CHARS
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
 }
 

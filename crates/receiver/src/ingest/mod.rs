@@ -9,14 +9,19 @@
 //!
 //! Either way a request's answer waits for its own row's commit, and every wait is bounded by
 //! a deadline: past it the caller answers 503 and the provider retries (the retry is then
-//! harmless, answered "duplicate" if the first write did land).
+//! harmless, answered "duplicate" if the first write did land). A row the database refuses
+//! (a constraint) is isolated from the rest of its batch ([`write`]), and only its request
+//! is refused.
+
+mod write;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use inbox_core::db::PgPool;
-use inbox_core::inbox::{self, InsertOutcome, NewEvent};
+use inbox_core::inbox::{InsertOutcome, NewEvent};
 use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::time::Instant;
 
 use crate::metrics::Metrics;
 use crate::notifier::Notifier;
@@ -39,9 +44,14 @@ pub enum IngestMode {
     PerRequest,
 }
 
-/// Why an event was not stored. Every variant is answered 503: nothing was acked.
+/// Why an event was not stored. Every variant but [`StoreError::InvalidRow`] is answered 503:
+/// nothing was acked, and the provider's retry may well succeed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The database refused this event's row (a constraint, SQLSTATE class 23): no retry can
+    /// store it, so it is refused (422). The other events of its batch were written.
+    #[error("the event breaks a constraint of the inbox")]
+    InvalidRow(#[source] diesel::result::Error),
     /// No database connection within the deadline (database down, or pool exhausted).
     #[error("no database connection available")]
     NoConnection,
@@ -63,6 +73,7 @@ impl StoreError {
     /// A short label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
+            Self::InvalidRow(_) => "invalid_row",
             Self::NoConnection => "no_connection",
             Self::Deadline => "deadline",
             Self::Database(_) => "query",
@@ -159,13 +170,18 @@ impl Ingestor {
                 metrics,
                 notifier,
             } => {
-                let outcome =
-                    write_batch(pool, notifier, std::slice::from_ref(&event), self.deadline).await;
-                metrics.observe_batch(1, outcome.as_ref().err());
-                outcome
-                    .map_err(Arc::new)?
+                let deadline = Instant::now() + self.deadline;
+                let mut answers = write::write_events(
+                    pool,
+                    notifier,
+                    metrics,
+                    std::slice::from_ref(&event),
+                    deadline,
+                )
+                .await;
+                answers
                     .pop()
-                    .ok_or_else(|| Arc::new(StoreError::Database(missing_outcome())))
+                    .unwrap_or_else(|| Err(Arc::new(StoreError::ShuttingDown)))
             }
             Inner::GroupCommit { queue, metrics } => {
                 let (reply, answer) = oneshot::channel();
@@ -178,7 +194,7 @@ impl Ingestor {
                         mpsc::error::TrySendError::Closed(_) => StoreError::ShuttingDown,
                     };
                     // Never reached a writer, so no batch counts it.
-                    metrics.db_errors.with_label_values(&[error.kind()]).inc();
+                    metrics.observe_failure(&error);
                     Arc::new(error)
                 })?;
                 match tokio::time::timeout(self.deadline, answer).await {
@@ -187,49 +203,6 @@ impl Ingestor {
                     Err(_elapsed) => Err(Arc::new(StoreError::Deadline)),
                 }
             }
-        }
-    }
-}
-
-fn missing_outcome() -> diesel::result::Error {
-    diesel::result::Error::DeserializationError("insert returned no outcome".into())
-}
-
-/// How long a connection whose statement overran the deadline is kept out of the pool while
-/// that statement finishes on the server.
-const QUARANTINE: Duration = Duration::from_secs(60);
-
-async fn write_batch(
-    pool: &PgPool,
-    notifier: &Notifier,
-    events: &[NewEvent],
-    deadline: Duration,
-) -> Result<Vec<InsertOutcome>, StoreError> {
-    let started = Instant::now();
-    let mut conn = tokio::time::timeout(deadline, pool.get_owned())
-        .await
-        .map_err(|_| StoreError::NoConnection)?
-        .map_err(|_| StoreError::NoConnection)?;
-    let remaining = deadline.saturating_sub(started.elapsed());
-    match tokio::time::timeout(remaining, inbox::insert_events(&mut conn, events)).await {
-        Ok(Ok(outcomes)) => {
-            if outcomes.contains(&InsertOutcome::Accepted) {
-                notifier.new_events_committed();
-            }
-            Ok(outcomes)
-        }
-        Ok(Err(err)) => Err(StoreError::Database(err)),
-        Err(_elapsed) => {
-            // The statement may still run, and commit, on the server: the caller answers 503
-            // and the provider's retry finds out ("duplicate" if it landed). The connection
-            // would queue the next batch behind that statement, so it stays out of the pool
-            // until a trivial query shows the statement is over.
-            tokio::spawn(async move {
-                let drained =
-                    diesel_async::SimpleAsyncConnection::batch_execute(&mut *conn, "SELECT 1");
-                let _ = tokio::time::timeout(QUARANTINE, drained).await;
-            });
-            Err(StoreError::Deadline)
         }
     }
 }
@@ -264,25 +237,12 @@ async fn run_writer(
         if events.is_empty() {
             continue;
         }
-        let result = write_batch(&pool, &notifier, &events, deadline).await;
-        metrics.observe_batch(events.len(), result.as_ref().err());
-        match result {
-            Ok(outcomes) if outcomes.len() == replies.len() => {
-                for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                    let _gone = reply.send(Ok(outcome));
-                }
-            }
-            Ok(_) => fail_all(replies, StoreError::Database(missing_outcome())),
-            Err(err) => fail_all(replies, err),
+        let deadline = Instant::now() + deadline;
+        let answers = write::write_events(&pool, &notifier, &metrics, &events, deadline).await;
+        for (reply, answer) in replies.into_iter().zip(answers) {
+            let _gone = reply.send(answer);
         }
     }
 }
 
-type Reply = oneshot::Sender<Result<InsertOutcome, Arc<StoreError>>>;
-
-fn fail_all(replies: Vec<Reply>, err: StoreError) {
-    let err = Arc::new(err);
-    for reply in replies {
-        let _gone = reply.send(Err(Arc::clone(&err)));
-    }
-}
+type Reply = oneshot::Sender<write::Answer>;

@@ -1,0 +1,9 @@
+//! The sizes the inbox's CHECK constraints allow, in one place: the receiver refuses (400) what
+//! would exceed them before a row reaches the database, and the migration test holds these
+//! numbers against the constraints themselves, so the two cannot drift apart.
+
+/// Longest provider name, in characters (`CHECK (char_length(provider) BETWEEN 1 AND 64)`).
+pub const MAX_PROVIDER_CHARS: usize = 64;
+
+/// Longest event id, in characters (`CHECK (char_length(event_id) BETWEEN 1 AND 255)`).
+pub const MAX_EVENT_ID_CHARS: usize = 255;
