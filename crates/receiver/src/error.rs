@@ -22,6 +22,10 @@ pub enum ApiError {
     /// A header that decides authenticity or identity was sent more than once.
     #[error("header {0} must appear once")]
     RepeatedHeader(String),
+    /// A header the event id is read from is present but not visible ASCII text: falling back
+    /// to another header would key the event on something else than the provider meant.
+    #[error("header {0} is not ASCII text")]
+    UnreadableHeader(String),
     /// The event could not be identified.
     #[error(transparent)]
     Identify(#[from] IdentifyError),
@@ -98,6 +102,8 @@ impl ApiError {
             ) => "invalid_body",
             Self::Identify(IdentifyError::MissingEventId(_)) => "missing_event_id",
             Self::Identify(IdentifyError::InvalidEventId(_)) => "invalid_event_id",
+            Self::Identify(IdentifyError::Ambiguous(_)) => "ambiguous_body",
+            Self::UnreadableHeader(_) => "unreadable_header",
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::BodyTimeout(_) => "body_timeout",
             Self::BodyUnreadable => "body_unreadable",
@@ -125,9 +131,10 @@ impl ResponseError for ApiError {
         match self {
             Self::UnknownProvider => StatusCode::NOT_FOUND,
             Self::Signature(_) => StatusCode::UNAUTHORIZED,
-            Self::RepeatedHeader(_) | Self::Identify(_) | Self::BodyUnreadable => {
-                StatusCode::BAD_REQUEST
-            }
+            Self::RepeatedHeader(_)
+            | Self::UnreadableHeader(_)
+            | Self::Identify(_)
+            | Self::BodyUnreadable => StatusCode::BAD_REQUEST,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Unstorable(_) => StatusCode::UNPROCESSABLE_ENTITY,

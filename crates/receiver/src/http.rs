@@ -116,7 +116,7 @@ async fn receive_for(
     started: Instant,
 ) -> Result<(HttpResponse, &'static str), ApiError> {
     let headers = RequestHeaders(request.headers());
-    reject_repeated_headers(request.headers(), provider)?;
+    check_identity_headers(request.headers(), provider)?;
     let body = read_body(request.headers(), payload, &state.limits).await?;
     let url = request_url(request, provider);
     let signed = Request {
@@ -258,28 +258,36 @@ async fn read_body(
     }
 }
 
-/// A header that decides authenticity or identity must be unambiguous.
-fn reject_repeated_headers(headers: &HeaderMap, provider: &Provider) -> Result<(), ApiError> {
-    let mut names: Vec<String> = provider
-        .scheme
-        .signature_headers()
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
+/// A header that decides authenticity or identity must be unambiguous, and one the event id
+/// is read from must be readable when present (else the next source would key the event).
+fn check_identity_headers(headers: &HeaderMap, provider: &Provider) -> Result<(), ApiError> {
+    let mut names: Vec<&str> = provider.scheme.signature_headers();
+    let mut id_headers: Vec<&str> = Vec::new();
     if let Identity::Fields {
         event_id,
         event_type,
     } = &provider.identity
     {
-        for source in event_id.iter().chain(event_type) {
+        for (index, source) in event_id.iter().chain(event_type).enumerate() {
             if let FieldSource::Header(name) = source {
-                names.push(name.clone());
+                names.push(name);
+                if index < event_id.len() {
+                    id_headers.push(name);
+                }
             }
         }
     }
     for name in names {
-        if headers.get_all(name.as_str()).nth(1).is_some() {
-            return Err(ApiError::RepeatedHeader(name));
+        if headers.get_all(name).nth(1).is_some() {
+            return Err(ApiError::RepeatedHeader(name.to_owned()));
+        }
+    }
+    for name in id_headers {
+        if headers
+            .get(name)
+            .is_some_and(|value| value.to_str().is_err())
+        {
+            return Err(ApiError::UnreadableHeader(name.to_owned()));
         }
     }
     Ok(())

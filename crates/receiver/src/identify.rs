@@ -7,9 +7,9 @@
 
 use inbox_signature::{Batch, HeaderSource, ItemId};
 use serde_json::value::RawValue;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::json_field::{scalar_at, value_at, RepeatedMember};
 use crate::providers::{FieldSource, Identity, MAX_EVENT_ID_CHARS};
 
 /// Most events one request may carry; a larger batch is refused (400) rather than stored.
@@ -44,6 +44,10 @@ pub enum IdentifyError {
     /// The event id is empty, too long, or not text.
     #[error("event id {0}")]
     InvalidEventId(&'static str),
+    /// The body names a member on the id's (or type's) path more than once: which one a
+    /// parser takes differs, so the event is refused rather than keyed on a guess.
+    #[error("ambiguous body: {0}")]
+    Ambiguous(#[from] RepeatedMember),
 }
 
 /// Identifies the events of a request whose signature has been verified: one, or one per item
@@ -80,12 +84,12 @@ fn identify_fields(
     // Parsed only when a source needs it; a type is informational, so a non-JSON body whose
     // id travels in a header is stored without one.
     let json = if needs_json(id_sources) || needs_json(type_sources) {
-        serde_json::from_slice::<Value>(body).ok()
+        serde_json::from_slice::<&RawValue>(body).ok()
     } else {
         None
     };
-    let read = |source: &FieldSource| read_field(source, headers, json.as_ref(), body);
-    let Some(id) = id_sources.iter().find_map(read) else {
+    let read = |sources: &[FieldSource]| first_found(sources, headers, json, body);
+    let Some(id) = read(id_sources)? else {
         let only_json = id_sources
             .iter()
             .all(|s| needs_json(std::slice::from_ref(s)));
@@ -96,11 +100,26 @@ fn identify_fields(
             id_sources.first().map(describe).unwrap_or_default(),
         ));
     };
-    event(id, type_sources.iter().find_map(read), None)
+    event(id, read(type_sources)?, None)
+}
+
+/// The value of the first of `sources` that has one.
+fn first_found(
+    sources: &[FieldSource],
+    headers: &dyn HeaderSource,
+    json: Option<&RawValue>,
+    body: &[u8],
+) -> Result<Option<String>, IdentifyError> {
+    for source in sources {
+        if let Some(value) = read_field(source, headers, json, body)? {
+            return Ok(Some(value));
+        }
+    }
+    Ok(None)
 }
 
 fn identify_batch(batch: &Batch, body: &[u8]) -> Result<Vec<Identified>, IdentifyError> {
-    let items_raw = raw_at(body, &batch.items).ok_or(IdentifyError::InvalidJson)?;
+    let items_raw = raw_at(body, &batch.items)?.ok_or(IdentifyError::InvalidJson)?;
     let items: Vec<&RawValue> = serde_json::from_str(items_raw.get())
         .map_err(|_| IdentifyError::InvalidBatch("items are not an array"))?;
     if items.is_empty() {
@@ -112,21 +131,18 @@ fn identify_batch(batch: &Batch, body: &[u8]) -> Result<Vec<Identified>, Identif
     items
         .into_iter()
         .map(|item| {
-            let stored = raw_at(item.get().as_bytes(), &batch.unwrap)
+            let stored = raw_at(item.get().as_bytes(), &batch.unwrap)?
                 .ok_or(IdentifyError::InvalidBatch("an item lacks its object"))?;
-            let value: Value =
-                serde_json::from_str(stored.get()).map_err(|_| IdentifyError::InvalidJson)?;
             let id = match &batch.id {
-                ItemId::Pointers(pointers) => joined(&value, pointers).ok_or_else(|| {
+                ItemId::Pointers(pointers) => joined(stored, pointers)?.ok_or_else(|| {
                     IdentifyError::MissingEventId(format!("item field {}", pointers.join(" and ")))
                 })?,
                 ItemId::ContentHash => hex::encode(Sha256::digest(stored.get().as_bytes())),
             };
-            let event_type = batch
-                .event_type
-                .as_deref()
-                .and_then(|pointer| value.pointer(pointer))
-                .and_then(scalar_text);
+            let event_type = match batch.event_type.as_deref() {
+                Some(pointer) => scalar_at(stored, pointer)?,
+                None => None,
+            };
             event(id, event_type, Some(stored.get().as_bytes().to_vec()))
         })
         .collect()
@@ -134,27 +150,21 @@ fn identify_batch(batch: &Batch, body: &[u8]) -> Result<Vec<Identified>, Identif
 
 /// The raw JSON at `pointer` (object keys only: batches never index into arrays), keeping the
 /// exact bytes of the value so a stored item is byte for byte what the provider sent.
-fn raw_at<'a>(json: &'a [u8], pointer: &str) -> Option<&'a RawValue> {
-    let mut current: &RawValue = serde_json::from_slice(json).ok()?;
-    for segment in pointer.split('/').skip(1) {
-        let key = segment.replace("~1", "/").replace("~0", "~");
-        let object: std::collections::HashMap<String, &'a RawValue> =
-            serde_json::from_str(current.get()).ok()?;
-        current = object.get(&key).copied()?;
-    }
-    Some(current)
+fn raw_at<'a>(json: &'a [u8], pointer: &str) -> Result<Option<&'a RawValue>, IdentifyError> {
+    let Ok(json) = serde_json::from_slice::<&RawValue>(json) else {
+        return Ok(None);
+    };
+    Ok(value_at(json, pointer)?)
 }
 
 fn identify_slack(body: &[u8], form_id_field: &str) -> Result<Identified, IdentifyError> {
-    if let Ok(json) = serde_json::from_slice::<Value>(body) {
-        let id = json
-            .get("event_id")
-            .and_then(scalar_text)
+    if let Ok(json) = serde_json::from_slice::<&RawValue>(body) {
+        let id = scalar_at(json, "/event_id")?
             .ok_or_else(|| IdentifyError::MissingEventId("body field event_id".into()))?;
-        let event_type = json
-            .pointer("/event/type")
-            .or_else(|| json.get("type"))
-            .and_then(scalar_text);
+        let event_type = match scalar_at(json, "/event/type")? {
+            Some(inner) => Some(inner),
+            None => scalar_at(json, "/type")?,
+        };
         return event(id, event_type, None);
     }
     // Slash commands and interactivity send application/x-www-form-urlencoded bodies.
@@ -179,11 +189,16 @@ fn identify_slack(body: &[u8], form_id_field: &str) -> Result<Identified, Identi
     }
     // Interactivity (buttons, shortcuts, modals) sends one form field, `payload`, holding JSON
     // that carries the id field and the interaction's type.
-    let payload = payload.and_then(|payload| serde_json::from_str::<Value>(&payload).ok());
-    let from_payload = payload.as_ref().and_then(|payload| {
-        let id = payload.get(form_id_field).and_then(scalar_text)?;
-        Some((id, payload.get("type").and_then(scalar_text)))
-    });
+    let payload = payload.and_then(|payload| serde_json::from_str::<Box<RawValue>>(&payload).ok());
+    let from_payload = match payload.as_deref() {
+        Some(payload) => {
+            let pointer = format!("/{}", form_id_field.replace('~', "~0").replace('/', "~1"));
+            scalar_at(payload, &pointer)?
+                .map(|id| Ok::<_, RepeatedMember>((id, scalar_at(payload, "/type")?)))
+                .transpose()?
+        }
+        None => None,
+    };
     match from_payload {
         Some((id, interaction)) => event(id, interaction, None),
         None => Err(IdentifyError::MissingEventId(format!(
@@ -207,39 +222,37 @@ fn describe(source: &FieldSource) -> String {
 fn read_field(
     source: &FieldSource,
     headers: &dyn HeaderSource,
-    json: Option<&Value>,
+    json: Option<&RawValue>,
     body: &[u8],
-) -> Option<String> {
-    match source {
+) -> Result<Option<String>, IdentifyError> {
+    Ok(match source {
         FieldSource::Header(name) => headers.header(name).map(str::to_owned),
-        FieldSource::JsonPointer(pointer) => json?.pointer(pointer).and_then(scalar_text),
-        FieldSource::JsonPointers(pointers) => joined(json?, pointers),
+        FieldSource::JsonPointer(pointer) => match json {
+            Some(json) => scalar_at(json, pointer)?,
+            None => None,
+        },
+        FieldSource::JsonPointers(pointers) => match json {
+            Some(json) => joined(json, pointers)?,
+            None => None,
+        },
         FieldSource::FormField(name) => form_urlencoded::parse(body)
             .find(|(key, _)| key == name.as_str())
             .map(|(_, value)| value.into_owned()),
         // Each delivery its own event: a fresh id, so identical bodies are all kept.
         FieldSource::EveryDelivery => Some(uuid::Uuid::new_v4().to_string()),
-    }
+    })
 }
 
 /// The values at `pointers`, joined with `:`; `None` unless every one is present.
-fn joined(json: &Value, pointers: &[String]) -> Option<String> {
-    let parts: Option<Vec<String>> = pointers
-        .iter()
-        .map(|pointer| json.pointer(pointer).and_then(scalar_text))
-        .collect();
-    parts.map(|parts| parts.join(":"))
-}
-
-/// Strings as they are, numbers and booleans in their JSON spelling (some providers use
-/// numeric ids; Adyen's `success` is a string, some send it as a boolean).
-fn scalar_text(value: &Value) -> Option<String> {
-    match value {
-        Value::String(text) => Some(text.clone()),
-        Value::Number(number) => Some(number.to_string()),
-        Value::Bool(flag) => Some(flag.to_string()),
-        _ => None,
+fn joined(json: &RawValue, pointers: &[String]) -> Result<Option<String>, RepeatedMember> {
+    let mut parts = Vec::with_capacity(pointers.len());
+    for pointer in pointers {
+        match scalar_at(json, pointer)? {
+            Some(part) => parts.push(part),
+            None => return Ok(None),
+        }
     }
+    Ok(Some(parts.join(":")))
 }
 
 fn event(

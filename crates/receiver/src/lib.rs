@@ -13,6 +13,7 @@ pub mod error;
 pub mod http;
 pub mod identify;
 pub mod ingest;
+pub mod json_field;
 pub mod metrics;
 pub mod notifier;
 pub mod providers;
