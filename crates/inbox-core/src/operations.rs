@@ -13,6 +13,10 @@ use diesel::sql_types::{Array, BigInt, Double, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use crate::schema::{inbox_queue, webhook_inbox};
+
+pub mod audit;
+pub mod browse;
+pub mod overview;
 use crate::statuses_sql;
 use crate::InboxStatus;
 
@@ -103,7 +107,7 @@ pub async fn top_errors(conn: &mut AsyncPgConnection, limit: i64) -> QueryResult
 }
 
 /// An inbox row as the operator sees it (without the body).
-#[derive(Debug, Clone, Queryable, Selectable)]
+#[derive(Debug, Clone, Queryable, Selectable, QueryableByName)]
 #[diesel(table_name = webhook_inbox)]
 pub struct EventSummary {
     /// Row id.
@@ -332,10 +336,14 @@ pub async fn purge_done(
     Ok(purged)
 }
 
-/// When the next ready row falls due, if any is waiting.
+/// When the next claimable ready row falls due, if any is waiting (events of paused routes
+/// are not waited for: a worker would otherwise wake for them again and again).
 pub async fn next_due(conn: &mut AsyncPgConnection) -> QueryResult<Option<DateTime<Utc>>> {
     inbox_queue::table
         .filter(inbox_queue::status.eq(InboxStatus::Ready))
+        .filter(diesel::dsl::sql::<diesel::sql_types::Bool>(
+            crate::inbox::pause::NOT_PAUSED_SQL,
+        ))
         .select(diesel::dsl::min(inbox_queue::next_attempt_at))
         .get_result(conn)
         .await

@@ -25,16 +25,17 @@ use diesel::QueryResult;
 use crate::InboxStatus;
 
 /// `sql` with every `{ready}`, `{processing}`, `{done}` and `{dead}` replaced by that
-/// [`InboxStatus`]'s stored code. Other braces (a JSON literal `'{}'`) are left alone.
+/// [`InboxStatus`]'s stored code, and `{not_paused}` by the condition that keeps events of
+/// paused routes out of a claim ([`crate::inbox::pause::NOT_PAUSED_SQL`]). Other braces (a JSON
+/// literal `'{}'`) are left alone.
 pub fn with_statuses(sql: &str) -> String {
-    InboxStatus::ALL
-        .into_iter()
-        .fold(sql.to_owned(), |sql, status| {
-            sql.replace(
-                &format!("{{{}}}", status.as_str()),
-                &status.code().to_string(),
-            )
-        })
+    let sql = sql.replace("{not_paused}", crate::inbox::pause::NOT_PAUSED_SQL);
+    InboxStatus::ALL.into_iter().fold(sql, |sql, status| {
+        sql.replace(
+            &format!("{{{}}}", status.as_str()),
+            &status.code().to_string(),
+        )
+    })
 }
 
 /// A `&'static str` of fixed SQL whose `{ready}`, `{processing}`, `{done}` and `{dead}` are

@@ -97,6 +97,30 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    /// Every repair action taken in the console: who, what, on which events, how many.
+    console_audit (id) {
+        id -> Int8,
+        at -> Timestamptz,
+        actor -> Text,
+        action -> Text,
+        target -> Jsonb,
+        estimated -> Nullable<Int8>,
+        affected -> Int8,
+        outcome -> Text,
+    }
+}
+
+diesel::table! {
+    /// Routes whose ready events no worker claims until they are resumed.
+    inbox_paused_routes (provider, event_type) {
+        provider -> Text,
+        event_type -> Text,
+        paused_by -> Text,
+        paused_at -> Timestamptz,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(
     inbox_events,
     inbox_queue,
@@ -104,5 +128,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     webhook_inbox,
     processed_events,
     demo_ledger,
-    demo_payments
+    demo_payments,
+    console_audit,
+    inbox_paused_routes
 );

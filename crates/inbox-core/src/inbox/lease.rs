@@ -87,6 +87,7 @@ pub async fn claim_due(
                  WHERE queue.id = ANY(ARRAY( \
                      SELECT id FROM inbox_queue \
                      WHERE status = {ready} AND next_attempt_at <= now() \
+                       AND {not_paused} \
                      ORDER BY next_attempt_at \
                      LIMIT $4 \
                      FOR UPDATE SKIP LOCKED \

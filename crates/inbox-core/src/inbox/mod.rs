@@ -6,6 +6,7 @@ use std::time::Duration;
 
 pub mod ingest;
 pub mod lease;
+pub mod pause;
 
 pub use ingest::{insert_events, notify_new_events, InsertOutcome, NewEvent};
 pub use lease::{

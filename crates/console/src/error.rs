@@ -1,0 +1,65 @@
+//! The console's refusals and failures, each one HTTP answer.
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{HttpResponse, ResponseError};
+
+use crate::pages::layout;
+
+/// Why a request was not served.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    /// No valid session: the browser is sent to the login page.
+    #[error("not logged in")]
+    NotLoggedIn,
+    /// Logged in, but not allowed (a viewer's repair, a missing CSRF token, read-only mode).
+    #[error("{0}")]
+    Forbidden(&'static str),
+    /// The request's input is unusable; the text says which field and why.
+    #[error("{0}")]
+    BadRequest(String),
+    /// No such event or job.
+    #[error("not found")]
+    NotFound,
+    /// The database failed (details go to the log, not to the page).
+    #[error("database error")]
+    Database(#[from] diesel::result::Error),
+    /// No pooled connection.
+    #[error("database unavailable")]
+    Pool(#[from] diesel_async::pooled_connection::bb8::RunError),
+}
+
+impl ResponseError for ConsoleError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            Self::NotLoggedIn => StatusCode::SEE_OTHER,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Pool(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        match self {
+            Self::NotLoggedIn => HttpResponse::SeeOther()
+                .insert_header((header::LOCATION, "/login"))
+                .finish(),
+            Self::Database(err) => {
+                tracing::error!(error = %err, "console query failed");
+                layout::error_page(
+                    self.status_code(),
+                    "The database query failed; see the console's log.",
+                )
+            }
+            Self::Pool(err) => {
+                tracing::warn!(error = %err, "no database connection");
+                layout::error_page(
+                    self.status_code(),
+                    "No database connection available; retry shortly.",
+                )
+            }
+            other => layout::error_page(self.status_code(), &other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Replays by filter, run in the background in batches: each batch is one statement that
+//! moves up to `batch` dead events back to ready and commits, so a replay of a million events
+//! holds no long transaction, shows its progress, and can be aborted between batches. Every
+//! batch also updates the action's audit row, so the audit tells how far it went.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use inbox_core::db::PgPool;
+use inbox_core::operations::audit::{self, Outcome};
+use inbox_core::operations::browse::{self, EventQuery};
+
+/// One replay by filter.
+#[derive(Debug)]
+pub struct ReplayJob {
+    /// Its audit row, which is also its id.
+    pub id: i64,
+    /// Who started it.
+    pub actor: String,
+    /// The count shown before it started.
+    pub estimated: i64,
+    replayed: AtomicI64,
+    abort: AtomicBool,
+    outcome: Mutex<Outcome>,
+}
+
+impl ReplayJob {
+    /// Events replayed so far.
+    pub fn replayed(&self) -> i64 {
+        self.replayed.load(Ordering::Relaxed)
+    }
+
+    /// Running, done, aborted or failed.
+    pub fn outcome(&self) -> Outcome {
+        *self
+            .outcome
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Asks the job to stop after the batch in progress.
+    pub fn abort(&self) {
+        self.abort.store(true, Ordering::Relaxed);
+    }
+
+    fn finish(&self, outcome: Outcome) {
+        *self
+            .outcome
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = outcome;
+    }
+}
+
+/// The replays of this console process.
+#[derive(Debug, Default)]
+pub struct Jobs {
+    jobs: Mutex<HashMap<i64, Arc<ReplayJob>>>,
+}
+
+impl Jobs {
+    /// The job with audit row `id`, if this process runs or ran it.
+    pub fn get(&self, id: i64) -> Option<Arc<ReplayJob>> {
+        self.lock().get(&id).cloned()
+    }
+
+    /// Starts replaying the dead events of `query`, `batch` per statement, as audit row
+    /// `audit_id` (already recorded as running).
+    pub fn start(
+        &self,
+        pool: PgPool,
+        query: EventQuery,
+        audit_id: i64,
+        actor: &str,
+        estimated: i64,
+        batch: i64,
+    ) -> Arc<ReplayJob> {
+        let job = Arc::new(ReplayJob {
+            id: audit_id,
+            actor: actor.to_owned(),
+            estimated,
+            replayed: AtomicI64::new(0),
+            abort: AtomicBool::new(false),
+            outcome: Mutex::new(Outcome::Running),
+        });
+        self.lock().insert(audit_id, Arc::clone(&job));
+        let running = Arc::clone(&job);
+        tokio::spawn(async move {
+            let outcome = match run(&pool, &query, &running, batch).await {
+                Ok(outcome) => outcome,
+                Err(err) => {
+                    tracing::error!(job = running.id, error = %err, "replay by filter failed");
+                    Outcome::Failed
+                }
+            };
+            let recorded = async {
+                let mut conn = pool.get().await?;
+                audit::update_progress(&mut conn, running.id, running.replayed(), outcome).await?;
+                anyhow::Ok(())
+            }
+            .await;
+            if let Err(err) = recorded {
+                tracing::error!(job = running.id, error = %err, "recording the replay's outcome failed");
+            }
+            tracing::info!(
+                job = running.id,
+                replayed = running.replayed(),
+                outcome = outcome.as_str(),
+                "replay by filter ended"
+            );
+            running.finish(outcome);
+        });
+        job
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Arc<ReplayJob>>> {
+        self.jobs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Replays batch after batch until none is left or the job is aborted.
+async fn run(
+    pool: &PgPool,
+    query: &EventQuery,
+    job: &ReplayJob,
+    batch: i64,
+) -> anyhow::Result<Outcome> {
+    let mut after = 0;
+    loop {
+        if job.abort.load(Ordering::Relaxed) {
+            return Ok(Outcome::Aborted);
+        }
+        let mut conn = pool.get().await?;
+        let ids = browse::dead_ids_after(&mut conn, query, after, batch).await?;
+        let Some(&last) = ids.last() else {
+            return Ok(Outcome::Done);
+        };
+        after = last;
+        let replayed = inbox_core::operations::replay(&mut conn, &ids).await?;
+        let total = job
+            .replayed
+            .fetch_add(i64::try_from(replayed)?, Ordering::Relaxed)
+            + i64::try_from(replayed)?;
+        audit::update_progress(&mut conn, job.id, total, Outcome::Running).await?;
+    }
+}

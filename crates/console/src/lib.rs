@@ -1,0 +1,17 @@
+//! The operator console of webhook-inbox: a server-rendered web application to see, search
+//! and repair the inbox from a browser, on a listener of its own (never the receiver's public
+//! port). It reads and writes only through `inbox-core`'s operator functions, like the CLI.
+//!
+//! Two roles (viewer, operator) with argon2 password hashes ([`users`]), sessions that expire
+//! ([`sessions`]), a CSRF token on every state change and a content security policy that
+//! lets no script run ([`http`]); every repair is written to the audit table.
+#![forbid(unsafe_code)]
+
+pub mod error;
+pub mod http;
+pub mod jobs;
+pub mod metrics;
+pub mod pages;
+pub mod server;
+pub mod sessions;
+pub mod users;

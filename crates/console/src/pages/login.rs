@@ -1,0 +1,131 @@
+//! Logging in and out. The login form is protected against cross-site submission by a
+//! double-submit token (a cookie and a hidden field that must match), since there is no
+//! session yet to hold one.
+
+use actix_web::cookie::{Cookie, SameSite};
+use actix_web::http::{header, StatusCode};
+use actix_web::{web, HttpRequest, HttpResponse};
+use maud::html;
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+
+use super::layout;
+use crate::error::ConsoleError;
+use crate::http::CurrentUser;
+use crate::server::AppState;
+use crate::sessions::{random_token, SESSION_COOKIE};
+
+const LOGIN_COOKIE: &str = "console_login";
+
+fn cookie<'a>(name: &'a str, value: String, state: &AppState) -> Cookie<'a> {
+    Cookie::build(name, value)
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(state.cookie_secure)
+        .finish()
+}
+
+fn login_page(state: &AppState, status: StatusCode, refusal: Option<&str>) -> HttpResponse {
+    let token = random_token();
+    let body = html! {
+        main.login {
+            h1 { "webhook-inbox console" }
+            @if let Some(refusal) = refusal { p.refusal { (refusal) } }
+            form method="post" action="/login" {
+                input type="hidden" name="login_token" value=(token);
+                label { "User" input type="text" name="username" autocomplete="username" required; }
+                label { "Password" input type="password" name="password" autocomplete="current-password" required; }
+                button type="submit" id="login" { "Log in" }
+            }
+        }
+    };
+    let mut response = layout::html_response(status, "Log in", body);
+    let _ = response.add_cookie(&cookie(LOGIN_COOKIE, token, state));
+    response
+}
+
+/// GET /login.
+pub async fn form(state: web::Data<AppState>) -> HttpResponse {
+    login_page(&state, StatusCode::OK, None)
+}
+
+/// The login form's fields.
+#[derive(Debug, Deserialize)]
+pub struct LoginForm {
+    username: String,
+    password: String,
+    #[serde(default)]
+    login_token: String,
+}
+
+/// POST /login: opens a session and sends the browser to the overview, or shows the form
+/// again with a refusal that does not say whether the name exists.
+pub async fn submit(
+    request: HttpRequest,
+    state: web::Data<AppState>,
+    form: web::Form<LoginForm>,
+) -> HttpResponse {
+    let expected = request
+        .cookie(LOGIN_COOKIE)
+        .map(|cookie| cookie.value().to_owned())
+        .unwrap_or_default();
+    let token_ok =
+        !expected.is_empty() && bool::from(expected.as_bytes().ct_eq(form.login_token.as_bytes()));
+    if !token_ok {
+        state.metrics.refusals.with_label_values(&["csrf"]).inc();
+        return login_page(
+            &state,
+            StatusCode::FORBIDDEN,
+            Some("The login form expired: try again."),
+        );
+    }
+    let Some(role) = state.users.authenticate(&form.username, &form.password) else {
+        state.metrics.logins.with_label_values(&["refused"]).inc();
+        tracing::warn!("console login refused");
+        return login_page(
+            &state,
+            StatusCode::UNAUTHORIZED,
+            Some("Wrong user name or password."),
+        );
+    };
+    state.metrics.logins.with_label_values(&["ok"]).inc();
+    tracing::info!(user = %form.username, role = role.as_str(), "console login");
+    let session_id = state.sessions.open(&form.username, role);
+    let mut response = HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, "/"))
+        .finish();
+    let _ = response.add_cookie(&cookie(SESSION_COOKIE, session_id, &state));
+    let mut spent = cookie(LOGIN_COOKIE, String::new(), &state);
+    spent.make_removal();
+    let _ = response.add_cookie(&spent);
+    response
+}
+
+/// The CSRF token of a form that changes nothing but the session.
+#[derive(Debug, Deserialize)]
+pub struct CsrfOnly {
+    #[serde(default)]
+    csrf_token: String,
+}
+
+/// POST /logout.
+pub async fn logout(
+    user: CurrentUser,
+    state: web::Data<AppState>,
+    form: web::Form<CsrfOnly>,
+) -> Result<HttpResponse, ConsoleError> {
+    if !user.session.csrf_matches(&form.csrf_token) {
+        return Err(ConsoleError::Forbidden(
+            "The form's CSRF token is missing or wrong.",
+        ));
+    }
+    state.sessions.close(&user.session_id);
+    let mut response = HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, "/login"))
+        .finish();
+    let mut removal = cookie(SESSION_COOKIE, String::new(), &state);
+    removal.make_removal();
+    let _ = response.add_cookie(&removal);
+    Ok(response)
+}

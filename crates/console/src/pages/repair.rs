@@ -1,0 +1,193 @@
+//! Replays: one dead event, or every dead event a filter selects, counted first and then run
+//! in the background with its progress shown and an abort button. Each is written to the
+//! audit before it runs.
+
+use actix_web::http::header;
+use actix_web::{web, HttpResponse};
+use inbox_core::operations::audit::{self, NewAction, Outcome};
+use inbox_core::operations::{self, browse};
+use maud::html;
+use serde::Deserialize;
+
+use super::filter::FilterParams;
+use super::layout;
+use crate::error::ConsoleError;
+use crate::http::CurrentUser;
+use crate::server::AppState;
+
+fn see_other(location: String) -> HttpResponse {
+    HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, location))
+        .finish()
+}
+
+/// A form that carries nothing but its CSRF token.
+#[derive(Debug, Deserialize)]
+pub struct CsrfForm {
+    #[serde(default)]
+    csrf_token: String,
+}
+
+/// POST /events/{id}/replay: `dead -> ready` for one event.
+pub async fn replay_one(
+    user: CurrentUser,
+    state: web::Data<AppState>,
+    id: web::Path<i64>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, ConsoleError> {
+    user.authorize_repair(&state, &form.csrf_token)?;
+    let mut conn = state.pool.get().await?;
+    let replayed = operations::replay(&mut conn, &[*id]).await?;
+    audit::record(
+        &mut conn,
+        NewAction {
+            actor: &user.session.user,
+            action: "replay",
+            target: serde_json::json!({ "id": *id }),
+            estimated: None,
+            affected: i64::try_from(replayed).unwrap_or(i64::MAX),
+            outcome: Outcome::Done,
+        },
+    )
+    .await?;
+    state.metrics.repairs.with_label_values(&["replay"]).inc();
+    tracing::info!(user = %user.session.user, id = *id, replayed, "replayed one event");
+    Ok(see_other(format!("/events/{}", *id)))
+}
+
+/// GET /replay?filter: how many dead events the filter selects, and the form that replays
+/// them.
+pub async fn estimate(
+    user: CurrentUser,
+    state: web::Data<AppState>,
+    filter: web::Query<FilterParams>,
+) -> Result<HttpResponse, ConsoleError> {
+    let query = filter.to_query()?;
+    let mut conn = state.pool.get().await?;
+    let estimated = browse::count_dead(&mut conn, &query).await?;
+    drop(conn);
+    let content = html! {
+        p { "Filter: " code { (filter.to_audit_json()) } }
+        p id="estimate" { "This filter selects " strong id="estimated" { (estimated) } " dead event(s) (whatever its state field says, only dead events are replayed)." }
+        @if estimated > 0 && user.can_repair(&state) {
+            form method="post" action="/replay" {
+                (layout::csrf_field(&user))
+                (filter.hidden_fields())
+                input type="hidden" name="estimated" value=(estimated);
+                button type="submit" id="confirm-replay" { "Replay " (estimated) " event(s) in batches of " (state.replay_batch) }
+            }
+        }
+        p { a href={ "/events?" (filter.query_string()) } { "Back to the events" } }
+    };
+    Ok(layout::page("Replay by filter", &user, &state, content))
+}
+
+/// The confirmation form of a replay by filter.
+#[derive(Debug, Deserialize)]
+pub struct StartForm {
+    #[serde(default)]
+    csrf_token: String,
+    #[serde(flatten)]
+    filter: FilterParams,
+    /// The count that was shown.
+    estimated: i64,
+}
+
+/// POST /replay: records the action and starts it in the background.
+pub async fn start(
+    user: CurrentUser,
+    state: web::Data<AppState>,
+    form: web::Form<StartForm>,
+) -> Result<HttpResponse, ConsoleError> {
+    user.authorize_repair(&state, &form.csrf_token)?;
+    let query = form.filter.to_query()?;
+    let mut conn = state.pool.get().await?;
+    let audit_id = audit::record(
+        &mut conn,
+        NewAction {
+            actor: &user.session.user,
+            action: "replay_filter",
+            target: form.filter.to_audit_json(),
+            estimated: Some(form.estimated),
+            affected: 0,
+            outcome: Outcome::Running,
+        },
+    )
+    .await?;
+    drop(conn);
+    state
+        .metrics
+        .repairs
+        .with_label_values(&["replay_filter"])
+        .inc();
+    tracing::info!(user = %user.session.user, job = audit_id, estimated = form.estimated, "replay by filter started");
+    state.jobs.start(
+        state.pool.clone(),
+        query,
+        audit_id,
+        &user.session.user,
+        form.estimated,
+        state.replay_batch,
+    );
+    Ok(see_other(format!("/jobs/{audit_id}")))
+}
+
+/// GET /jobs/{id}: a replay's progress; the page refreshes itself while it runs (no script).
+pub async fn progress(
+    user: CurrentUser,
+    state: web::Data<AppState>,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ConsoleError> {
+    let job = state.jobs.get(*id).ok_or(ConsoleError::NotFound)?;
+    let outcome = job.outcome();
+    let running = outcome == Outcome::Running;
+    let content = html! {
+        @if running { meta http-equiv="refresh" content="1"; }
+        table id="job" {
+            tr { th { "started by" } td { (job.actor) } }
+            tr { th { "estimated" } td id="job-estimated" { (job.estimated) } }
+            tr { th { "replayed" } td id="job-replayed" { (job.replayed()) } }
+            tr { th { "state" } td id="job-state" { (outcome.as_str()) } }
+        }
+        @if running && user.can_repair(&state) {
+            form method="post" action={ "/jobs/" (job.id) "/abort" } {
+                (layout::csrf_field(&user))
+                button type="submit" id="abort" { "Abort after the current batch" }
+            }
+        }
+        p { a href="/audit" { "Audit" } }
+    };
+    Ok(layout::page(
+        &format!("Replay {}", job.id),
+        &user,
+        &state,
+        content,
+    ))
+}
+
+/// POST /jobs/{id}/abort.
+pub async fn abort(
+    user: CurrentUser,
+    state: web::Data<AppState>,
+    id: web::Path<i64>,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, ConsoleError> {
+    user.authorize_repair(&state, &form.csrf_token)?;
+    let job = state.jobs.get(*id).ok_or(ConsoleError::NotFound)?;
+    job.abort();
+    let mut conn = state.pool.get().await?;
+    audit::record(
+        &mut conn,
+        NewAction {
+            actor: &user.session.user,
+            action: "abort",
+            target: serde_json::json!({ "job": job.id }),
+            estimated: None,
+            affected: 0,
+            outcome: Outcome::Done,
+        },
+    )
+    .await?;
+    state.metrics.repairs.with_label_values(&["abort"]).inc();
+    Ok(see_other(format!("/jobs/{}", job.id)))
+}

@@ -1,0 +1,135 @@
+//! Paused routes: pause a provider (or one of its event types) so its events wait, ready and
+//! unclaimed, while ingest goes on; resume it.
+
+use actix_web::http::header;
+use actix_web::{web, HttpResponse};
+use inbox_core::inbox::pause::{self, EVERY_EVENT_TYPE};
+use inbox_core::operations::audit::{self, NewAction, Outcome};
+use maud::html;
+use serde::Deserialize;
+
+use super::layout;
+use crate::error::ConsoleError;
+use crate::http::CurrentUser;
+use crate::server::AppState;
+
+/// GET /routes.
+pub async fn page(
+    user: CurrentUser,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ConsoleError> {
+    let mut conn = state.pool.get().await?;
+    let paused = pause::paused_routes(&mut conn).await?;
+    drop(conn);
+    let can_repair = user.can_repair(&state);
+    let content = html! {
+        p { "A paused route's events stay ready and no worker claims them; the receiver keeps accepting them. Resuming lets the workers claim them at their next claim." }
+        table id="paused" {
+            tr { th { "provider" } th { "event type" } th { "paused by" } th { "since" } @if can_repair { th {} } }
+            @for route in &paused {
+                tr {
+                    td { (route.provider) } td { (route.event_type) } td { (route.paused_by) }
+                    td { (route.paused_at.format("%Y-%m-%d %H:%M:%S UTC")) }
+                    @if can_repair {
+                        td {
+                            form method="post" action="/routes/resume" {
+                                (layout::csrf_field(&user))
+                                input type="hidden" name="provider" value=(route.provider);
+                                input type="hidden" name="event_type" value=(route.event_type);
+                                button type="submit" class="resume" { "Resume" }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        @if paused.is_empty() { p { "No route is paused." } }
+        @if can_repair {
+            h2 { "Pause a route" }
+            form.filters method="post" action="/routes/pause" {
+                (layout::csrf_field(&user))
+                label { "provider" input type="text" name="provider" required; }
+                label { "event type (* for all)" input type="text" name="event_type" value=(EVERY_EVENT_TYPE); }
+                button type="submit" id="pause" { "Pause" }
+            }
+        }
+    };
+    Ok(layout::page("Routes", &user, &state, content))
+}
+
+/// The pause and resume forms.
+#[derive(Debug, Deserialize)]
+pub struct RouteForm {
+    #[serde(default)]
+    csrf_token: String,
+    provider: String,
+    #[serde(default)]
+    event_type: String,
+}
+
+impl RouteForm {
+    fn route(&self) -> Result<(&str, &str), ConsoleError> {
+        let provider = self.provider.trim();
+        if provider.is_empty() || provider.chars().count() > 64 {
+            return Err(ConsoleError::BadRequest(
+                "provider: 1 to 64 characters".to_owned(),
+            ));
+        }
+        let event_type = match self.event_type.trim() {
+            "" => EVERY_EVENT_TYPE,
+            other => other,
+        };
+        Ok((provider, event_type))
+    }
+}
+
+async fn change(
+    user: CurrentUser,
+    state: web::Data<AppState>,
+    form: web::Form<RouteForm>,
+    action: &'static str,
+) -> Result<HttpResponse, ConsoleError> {
+    user.authorize_repair(&state, &form.csrf_token)?;
+    let (provider, event_type) = form.route()?;
+    let mut conn = state.pool.get().await?;
+    let changed = if action == "pause" {
+        pause::pause_route(&mut conn, provider, event_type, &user.session.user).await?
+    } else {
+        pause::resume_route(&mut conn, provider, event_type).await?
+    };
+    audit::record(
+        &mut conn,
+        NewAction {
+            actor: &user.session.user,
+            action,
+            target: serde_json::json!({ "provider": provider, "event_type": event_type }),
+            estimated: None,
+            affected: 0,
+            outcome: Outcome::Done,
+        },
+    )
+    .await?;
+    state.metrics.repairs.with_label_values(&[action]).inc();
+    tracing::info!(user = %user.session.user, provider, event_type, action, changed, "route changed");
+    Ok(HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, "/routes"))
+        .finish())
+}
+
+/// POST /routes/pause.
+pub async fn pause(
+    user: CurrentUser,
+    state: web::Data<AppState>,
+    form: web::Form<RouteForm>,
+) -> Result<HttpResponse, ConsoleError> {
+    change(user, state, form, "pause").await
+}
+
+/// POST /routes/resume.
+pub async fn resume(
+    user: CurrentUser,
+    state: web::Data<AppState>,
+    form: web::Form<RouteForm>,
+) -> Result<HttpResponse, ConsoleError> {
+    change(user, state, form, "resume").await
+}

@@ -1,0 +1,177 @@
+//! Start-up: the `serve` flags, the shared state of the handlers, and the two HTTP servers
+//! (console, metrics) they describe.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use actix_web::{web, App, HttpServer};
+use anyhow::Context;
+use inbox_core::db::{DatabaseArgs, PgPool};
+
+use crate::jobs::Jobs;
+use crate::metrics::Metrics;
+use crate::sessions::SessionStore;
+use crate::users::Users;
+use crate::{http, pages};
+
+/// Default session lifetime.
+pub const DEFAULT_SESSION_LIFETIME: &str = "8h";
+/// Default events per replay statement.
+pub const DEFAULT_REPLAY_BATCH: i64 = 500;
+
+/// `console serve` flags.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address of the console (HTML pages). Keep it off the receiver's public address: put it
+    /// behind the operators' network or VPN, and TLS in front of it.
+    #[arg(long, env = "CONSOLE_LISTEN", default_value = "127.0.0.1:8090")]
+    pub listen: SocketAddr,
+    /// Address of the Prometheus endpoint (GET /metrics).
+    #[arg(long, env = "CONSOLE_METRICS_LISTEN", default_value = "0.0.0.0:9093")]
+    pub metrics_listen: SocketAddr,
+    /// File of users who may log in, `name:role:argon2-hash` per line (role viewer or
+    /// operator; `console hash-password` prints a hash).
+    #[arg(long, env = "CONSOLE_USERS_FILE")]
+    pub users_file: Option<PathBuf>,
+    /// Users inline, the same entries separated by spaces (instead of a file).
+    #[arg(long, env = "CONSOLE_USERS", hide_env_values = true)]
+    pub users: Option<String>,
+    /// How long a login lasts.
+    #[arg(long, env = "CONSOLE_SESSION_LIFETIME", value_parser = humantime::parse_duration, default_value = DEFAULT_SESSION_LIFETIME)]
+    pub session_lifetime: Duration,
+    /// Send the session cookie only over HTTPS (`Secure`). Turn off only for a console reached
+    /// over plain HTTP on a loopback address.
+    #[arg(long, env = "CONSOLE_COOKIE_SECURE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub cookie_secure: bool,
+    /// Show everything, change nothing: every repair is refused, for every user.
+    #[arg(long, env = "CONSOLE_READ_ONLY")]
+    pub read_only: bool,
+    /// Dead events replayed per statement by a replay by filter.
+    #[arg(long, env = "CONSOLE_REPLAY_BATCH", default_value_t = DEFAULT_REPLAY_BATCH, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    pub replay_batch: i64,
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+}
+
+impl ServeArgs {
+    fn load_users(&self) -> anyhow::Result<Users> {
+        let text = match (&self.users_file, &self.users) {
+            (Some(path), _) => std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read users file {}", path.display()))?,
+            (None, Some(inline)) => inline.clone(),
+            (None, None) => String::new(),
+        };
+        Ok(Users::parse(&text)?)
+    }
+}
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct AppState {
+    /// The database.
+    pub pool: PgPool,
+    /// Who may log in.
+    pub users: Users,
+    /// Who is logged in.
+    pub sessions: SessionStore,
+    /// Replays by filter of this process.
+    pub jobs: Jobs,
+    /// The metrics.
+    pub metrics: Metrics,
+    /// Every repair is refused.
+    pub read_only: bool,
+    /// Session cookies carry `Secure`.
+    pub cookie_secure: bool,
+    /// Events per replay statement.
+    pub replay_batch: i64,
+}
+
+/// A console serving; stop it with [`RunningConsole::stop`].
+#[derive(Debug)]
+pub struct RunningConsole {
+    /// Where the pages are served.
+    pub addr: SocketAddr,
+    /// Where /metrics is served.
+    pub metrics_addr: SocketAddr,
+    handle: ServerHandle,
+    metrics_handle: ServerHandle,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    metrics_server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl RunningConsole {
+    /// Stops both servers, letting requests in progress finish.
+    pub async fn stop(self) {
+        self.handle.stop(true).await;
+        self.metrics_handle.stop(true).await;
+        let _ = self.server.await;
+        let _ = self.metrics_server.await;
+    }
+
+    /// Waits until the console stops (SIGTERM or SIGINT), then stops /metrics.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        let served = self.server.await.context("console server task")?;
+        self.metrics_handle.stop(true).await;
+        let _ = self.metrics_server.await;
+        Ok(served?)
+    }
+}
+
+/// Binds both listeners and starts serving.
+pub async fn start(args: &ServeArgs) -> anyhow::Result<RunningConsole> {
+    let users = args.load_users()?;
+    let pool = args.db.pool().context("database settings")?;
+    let metrics = Metrics::new();
+    let state = web::Data::new(AppState {
+        pool,
+        users,
+        sessions: SessionStore::new(args.session_lifetime),
+        jobs: Jobs::default(),
+        metrics: metrics.clone(),
+        read_only: args.read_only,
+        cookie_secure: args.cookie_secure,
+        replay_batch: args.replay_batch,
+    });
+    let listener = TcpListener::bind(args.listen)
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    let metrics_listener = TcpListener::bind(args.metrics_listen)
+        .with_context(|| format!("cannot listen on {}", args.metrics_listen))?;
+    let metrics_addr = metrics_listener.local_addr()?;
+
+    let app_state = state.clone();
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(app_state.clone())
+            .app_data(web::FormConfig::default().limit(64 * 1024))
+            .configure(pages::configure)
+            .wrap_fn(http::record_and_protect)
+            .wrap(tracing_actix_web::TracingLogger::default())
+    })
+    .workers(2)
+    .listen(listener)?
+    .run();
+    let handle = server.handle();
+
+    let metrics_data = web::Data::new(metrics);
+    let metrics_server = HttpServer::new(move || {
+        App::new()
+            .app_data(metrics_data.clone())
+            .route("/metrics", web::get().to(http::metrics))
+    })
+    .workers(1)
+    .disable_signals()
+    .listen(metrics_listener)?
+    .run();
+    let metrics_handle = metrics_server.handle();
+    Ok(RunningConsole {
+        addr,
+        metrics_addr,
+        handle,
+        metrics_handle,
+        server: tokio::spawn(server),
+        metrics_server: tokio::spawn(metrics_server),
+    })
+}

@@ -1,0 +1,266 @@
+//! The console over plain HTTP: keyset pages, paused routes against a worker's claim, and
+//! every refusal of a state change (no session, viewer, no CSRF token, read-only mode).
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use inbox_core::inbox::pause;
+use inbox_core::operations::browse::{self, EventQuery};
+use inbox_core::InboxStatus;
+use support::{claim_all, event, store, HttpSession, TestConsole, OPERATOR, VIEWER};
+
+#[tokio::test]
+async fn keyset_pages_cover_every_matching_event_once_newest_first() {
+    let console = TestConsole::start(false).await;
+    let mut conn = console.db.connect().await;
+    let events: Vec<_> = (0..120)
+        .map(|n| {
+            let provider = if n % 3 == 0 { "github" } else { "stripe" };
+            event(
+                provider,
+                &format!("evt_{n}"),
+                "push",
+                &format!(r#"{{"n": {n}, "even": {}}}"#, n % 2 == 0),
+            )
+        })
+        .collect();
+    let ids = store(&mut conn, &events).await;
+    let query = EventQuery {
+        provider: Some("stripe".into()),
+        body_contains: Some(serde_json::json!({"even": true})),
+        ..EventQuery::default()
+    };
+    let mut seen = Vec::new();
+    let mut before = None;
+    loop {
+        let page = browse::list_page(&mut conn, &query, before, 7)
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        before = Some(last.id);
+        seen.extend(page.iter().map(|row| row.id));
+    }
+    let mut expected: Vec<i64> = ids
+        .iter()
+        .enumerate()
+        .filter(|(n, _)| n % 3 != 0 && n % 2 == 0)
+        .map(|(_, id)| *id)
+        .collect();
+    expected.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(seen, expected);
+
+    // The state filter and the dead count agree with the transitions.
+    let mut dead: Vec<i64> = ids.iter().copied().take(5).collect();
+    dead.sort_unstable();
+    claim_all(&mut conn, &dead).await;
+    let dead_query = EventQuery {
+        status: Some(InboxStatus::Dead),
+        ..EventQuery::default()
+    };
+    let listed = browse::list_page(&mut conn, &dead_query, None, 50)
+        .await
+        .unwrap();
+    assert_eq!(
+        listed.iter().map(|row| row.id).rev().collect::<Vec<_>>(),
+        dead
+    );
+    assert_eq!(
+        browse::count_dead(&mut conn, &EventQuery::default())
+            .await
+            .unwrap(),
+        5
+    );
+    assert_eq!(
+        browse::dead_ids_after(&mut conn, &EventQuery::default(), dead[1], 2)
+            .await
+            .unwrap(),
+        dead[2..4]
+    );
+    console.running.stop().await;
+}
+
+#[tokio::test]
+async fn a_paused_routes_events_stay_ready_and_are_not_claimed_until_resumed() {
+    let console = TestConsole::start(false).await;
+    let mut conn = console.db.connect().await;
+    assert!(
+        pause::pause_route(&mut conn, "github", pause::EVERY_EVENT_TYPE, "olivia")
+            .await
+            .unwrap()
+    );
+    assert!(
+        pause::pause_route(&mut conn, "stripe", "charge.failed", "olivia")
+            .await
+            .unwrap()
+    );
+    assert!(!pause::pause_route(&mut conn, "github", "*", "olivia")
+        .await
+        .unwrap());
+    let ids = store(
+        &mut conn,
+        &[
+            event("github", "g1", "push", "{}"),
+            event("stripe", "s1", "charge.failed", "{}"),
+            event("stripe", "s2", "charge.succeeded", "{}"),
+        ],
+    )
+    .await;
+    assert_eq!(claim_all(&mut conn, &[ids[2]]).await, vec![ids[2]]);
+    // Nothing claimable is due, so a worker does not wake for the paused ones.
+    assert_eq!(
+        inbox_core::operations::next_due(&mut conn).await.unwrap(),
+        None
+    );
+    assert!(pause::resume_route(&mut conn, "github", "*").await.unwrap());
+    assert_eq!(claim_all(&mut conn, &[]).await, vec![ids[0]]);
+    assert_eq!(pause::paused_routes(&mut conn).await.unwrap().len(), 1);
+    console.running.stop().await;
+}
+
+#[tokio::test]
+async fn state_changes_are_refused_without_session_role_csrf_token_or_when_read_only() {
+    let console = TestConsole::start(false).await;
+    let pause_form = |token: &str| {
+        vec![
+            ("csrf_token", token.to_owned()),
+            ("provider", "github".to_owned()),
+        ]
+    };
+
+    let anonymous = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let answer = anonymous.get(console.url("/events")).send().await.unwrap();
+    assert_eq!(answer.status(), 303);
+    assert_eq!(answer.headers()["location"], "/login");
+    let answer = anonymous
+        .post(console.url("/routes/pause"))
+        .form(&pause_form("x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 303);
+
+    let viewer = HttpSession::log_in(&console, VIEWER).await;
+    let form = pause_form(&viewer.csrf_token);
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let answer = viewer.post(&console, "/routes/pause", &form).await;
+    assert_eq!(answer.status(), 403);
+    assert!(answer
+        .text()
+        .await
+        .unwrap()
+        .contains("Viewers cannot repair"));
+
+    let operator = HttpSession::log_in(&console, OPERATOR).await;
+    for token in ["", "0123", viewer.csrf_token.as_str()] {
+        let answer = operator
+            .post(
+                &console,
+                "/routes/pause",
+                &[("csrf_token", token), ("provider", "github")],
+            )
+            .await;
+        assert_eq!(answer.status(), 403, "token {token:?}");
+        assert!(answer.text().await.unwrap().contains("CSRF token"));
+    }
+    let mut conn = console.db.connect().await;
+    assert!(pause::paused_routes(&mut conn).await.unwrap().is_empty());
+    let answer = operator
+        .post(
+            &console,
+            "/routes/pause",
+            &[("csrf_token", &operator.csrf_token), ("provider", "github")],
+        )
+        .await;
+    assert_eq!(answer.status(), 303);
+    assert_eq!(pause::paused_routes(&mut conn).await.unwrap().len(), 1);
+
+    // Logged out, the session is gone.
+    let answer = operator
+        .post(&console, "/logout", &[("csrf_token", &operator.csrf_token)])
+        .await;
+    assert_eq!(answer.status(), 303);
+    assert_eq!(operator.get(&console, "/").await.status(), 303);
+
+    let metrics = reqwest::get(format!("http://{}/metrics", console.running.metrics_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"inbox_console_refusals_total{reason="csrf"} 3"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"inbox_console_refusals_total{reason="role"} 1"#));
+    assert!(
+        metrics.contains(r#"inbox_console_requests_total{route="/routes/pause",status="403"} 4"#)
+    );
+    console.running.stop().await;
+
+    let read_only = TestConsole::start(true).await;
+    let operator = HttpSession::log_in(&read_only, OPERATOR).await;
+    let answer = operator
+        .post(
+            &read_only,
+            "/routes/pause",
+            &[("csrf_token", &operator.csrf_token), ("provider", "github")],
+        )
+        .await;
+    assert_eq!(answer.status(), 403);
+    assert!(answer.text().await.unwrap().contains("read-only"));
+    read_only.running.stop().await;
+}
+
+#[tokio::test]
+async fn a_wrong_password_or_a_forged_login_form_opens_no_session() {
+    let console = TestConsole::start(false).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let answer = client
+        .post(console.url("/login"))
+        .form(&[
+            ("username", OPERATOR.0),
+            ("password", OPERATOR.1),
+            ("login_token", "forged"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 403);
+    let form = client.get(console.url("/login")).send().await.unwrap();
+    let cookie = form.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let token = support::hidden_value(&form.text().await.unwrap(), "login_token");
+    let answer = client
+        .post(console.url("/login"))
+        .header("cookie", cookie)
+        .form(&[
+            ("username", OPERATOR.0),
+            ("password", "wrong"),
+            ("login_token", &token),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 401);
+    assert!(answer
+        .headers()
+        .get("set-cookie")
+        .is_none_or(|c| !c.to_str().unwrap().contains("console_session=")));
+    assert!(answer
+        .text()
+        .await
+        .unwrap()
+        .contains("Wrong user name or password"));
+    console.running.stop().await;
+}

@@ -1,0 +1,189 @@
+//! What the console's tests share: a console on its own test database with two users, events
+//! put into given states through inbox-core's transitions, and a plain HTTP client that logs
+//! in the way a browser does.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use argon2::Argon2;
+use console::server::{self, RunningConsole, ServeArgs};
+use diesel_async::AsyncPgConnection;
+use inbox_core::inbox::{self, NewEvent};
+use sha2::{Digest, Sha256};
+use test_db::TestDatabase;
+
+pub const OPERATOR: (&str, &str) = ("olivia", "olivia-password");
+pub const VIEWER: (&str, &str) = ("victor", "victor-password");
+
+/// Cheap argon2 parameters: the tests log in often, and debug builds hash slowly.
+fn cheap_hash(password: &str) -> String {
+    let params = argon2::Params::new(8, 1, 1, None).unwrap();
+    let argon2 = Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+    console::users::hash_with(&argon2, password).unwrap()
+}
+
+pub struct TestConsole {
+    pub db: TestDatabase,
+    pub running: RunningConsole,
+}
+
+impl TestConsole {
+    pub async fn start(read_only: bool) -> Self {
+        let db = TestDatabase::new().await;
+        let users = format!(
+            "{}:operator:{} {}:viewer:{}",
+            OPERATOR.0,
+            cheap_hash(OPERATOR.1),
+            VIEWER.0,
+            cheap_hash(VIEWER.1)
+        );
+        let args = ServeArgs {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            metrics_listen: "127.0.0.1:0".parse().unwrap(),
+            users_file: None,
+            users: Some(users),
+            session_lifetime: Duration::from_secs(3600),
+            cookie_secure: false,
+            read_only,
+            replay_batch: 1,
+            db: db.args(4),
+        };
+        let running = server::start(&args).await.unwrap();
+        Self { db, running }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.running.addr)
+    }
+}
+
+pub fn event(provider: &str, event_id: &str, event_type: &str, body: &str) -> NewEvent {
+    NewEvent {
+        provider: provider.to_owned(),
+        event_id: event_id.to_owned(),
+        event_type: Some(event_type.to_owned()),
+        headers: serde_json::json!({"content-type": "application/json"}),
+        body: body.as_bytes().to_vec(),
+        body_sha256: Sha256::digest(body.as_bytes()).into(),
+    }
+}
+
+/// Stores `events` (ready) and returns their row ids, in order.
+pub async fn store(conn: &mut AsyncPgConnection, events: &[NewEvent]) -> Vec<i64> {
+    inbox::insert_events(conn, events).await.unwrap();
+    let mut ids = Vec::new();
+    for event in events {
+        let detail = inbox_core::operations::show(conn, &event.provider, &event.event_id)
+            .await
+            .unwrap()
+            .unwrap();
+        ids.push(detail.summary.id);
+    }
+    ids
+}
+
+/// Claims every due event as a worker would, and returns the claimed ids (their leases are
+/// then given back, attempts unspent, unless `kill` names them: those go dead).
+pub async fn claim_all(conn: &mut AsyncPgConnection, kill: &[i64]) -> Vec<i64> {
+    let claim = inbox::claim_due(conn, "test-worker", Duration::from_secs(30), 1_000)
+        .await
+        .unwrap();
+    let ids: Vec<i64> = claim.events.iter().map(|event| event.id).collect();
+    let mut release = Vec::new();
+    for id in &ids {
+        if kill.contains(id) {
+            inbox::dead_letter(conn, *id, claim.lease_token, "downstream said 500")
+                .await
+                .unwrap();
+        } else {
+            release.push(*id);
+        }
+    }
+    inbox::release_unstarted(conn, &release, claim.lease_token)
+        .await
+        .unwrap();
+    ids
+}
+
+/// A logged-in plain HTTP client (no cookie jar: the session cookie is sent by hand).
+pub struct HttpSession {
+    pub client: reqwest::Client,
+    pub cookie: String,
+    pub csrf_token: String,
+}
+
+fn set_cookie_value(response: &reqwest::Response, name: &str) -> Option<String> {
+    response
+        .headers()
+        .get_all(reqwest::header::SET_COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .filter_map(|value| value.split(';').next())
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(cookie, value)| *cookie == name && !value.is_empty())
+        .map(|(_, value)| value.to_owned())
+}
+
+/// The value of the first hidden input named `name` in `html`.
+pub fn hidden_value(html: &str, name: &str) -> String {
+    let marker = format!("name=\"{name}\" value=\"");
+    let start = html.find(&marker).unwrap() + marker.len();
+    html[start..].split('"').next().unwrap().to_owned()
+}
+
+impl HttpSession {
+    pub async fn log_in(console: &TestConsole, (user, password): (&str, &str)) -> Self {
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let form = client.get(console.url("/login")).send().await.unwrap();
+        let login_cookie = set_cookie_value(&form, "console_login").unwrap();
+        let token = hidden_value(&form.text().await.unwrap(), "login_token");
+        let answer = client
+            .post(console.url("/login"))
+            .header("cookie", format!("console_login={login_cookie}"))
+            .form(&[
+                ("username", user),
+                ("password", password),
+                ("login_token", &token),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 303, "login of {user}");
+        let cookie = set_cookie_value(&answer, "console_session").unwrap();
+        let mut session = Self {
+            client,
+            cookie,
+            csrf_token: String::new(),
+        };
+        let overview = session.get(console, "/").await;
+        session.csrf_token = hidden_value(&overview.text().await.unwrap(), "csrf_token");
+        session
+    }
+
+    pub async fn get(&self, console: &TestConsole, path: &str) -> reqwest::Response {
+        self.client
+            .get(console.url(path))
+            .header("cookie", format!("console_session={}", self.cookie))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn post(
+        &self,
+        console: &TestConsole,
+        path: &str,
+        form: &[(&str, &str)],
+    ) -> reqwest::Response {
+        self.client
+            .post(console.url(path))
+            .header("cookie", format!("console_session={}", self.cookie))
+            .form(form)
+            .send()
+            .await
+            .unwrap()
+    }
+}

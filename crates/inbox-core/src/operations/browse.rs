@@ -1,0 +1,214 @@
+//! Searching the inbox the way the console does: every filter an operator types (provider,
+//! type, state, time range, event id, JSON containment on the body), paged by keyset on the
+//! row id, newest first, and the dead events such a filter selects, for a replay in batches.
+//!
+//! A page is `ORDER BY id DESC LIMIT n` below the previous page's last id: a backward scan of
+//! the journal's primary key that stops after `n` matching rows, whatever the page number
+//! (OFFSET would read every row before the page). Filters on the state drive the join from
+//! the state's table (`inbox_queue` for ready and processing, `inbox_finished` for done and
+//! dead). A filter on the time range can use `inbox_events_received_at`; a body containment
+//! match is evaluated on the rows the other filters leave, parsing each body, so a rare match
+//! on a large table costs a long scan: combine it with a provider or a time range.
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Jsonb, SmallInt, Text, Timestamptz};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+
+use super::{EventDetail, EventSummary};
+use crate::schema::webhook_inbox;
+use crate::InboxStatus;
+
+/// Everything the console's event list can filter on; `None` means no condition.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EventQuery {
+    /// Only this provider.
+    pub provider: Option<String>,
+    /// Only this event type.
+    pub event_type: Option<String>,
+    /// Only this state.
+    pub status: Option<InboxStatus>,
+    /// Received at or after.
+    pub received_since: Option<DateTime<Utc>>,
+    /// Received before.
+    pub received_until: Option<DateTime<Utc>>,
+    /// Only this provider's event id.
+    pub event_id: Option<String>,
+    /// Only events whose body, parsed as JSON, contains this value (`@>`). Bodies that are not
+    /// JSON never match.
+    pub body_contains: Option<serde_json::Value>,
+}
+
+enum Param {
+    Text(String),
+    Time(DateTime<Utc>),
+    Int(i64),
+    Status(InboxStatus),
+    Json(serde_json::Value),
+}
+
+/// A statement being written: its SQL and its binds, numbered as they are pushed.
+struct Statement {
+    sql: String,
+    params: Vec<Param>,
+}
+
+impl Statement {
+    fn new(select: &str) -> Self {
+        Self {
+            sql: select.to_owned(),
+            params: Vec::new(),
+        }
+    }
+
+    /// Appends ` AND {left} $n` with `param` as bind `$n`.
+    fn and(&mut self, left: &str, param: Param) {
+        self.params.push(param);
+        self.sql
+            .push_str(&format!(" AND {left} ${}", self.params.len()));
+    }
+
+    fn limit(&mut self, limit: i64) {
+        self.params.push(Param::Int(limit));
+        self.sql.push_str(&format!(" LIMIT ${}", self.params.len()));
+    }
+
+    fn into_query(
+        self,
+    ) -> diesel::query_builder::BoxedSqlQuery<
+        'static,
+        diesel::pg::Pg,
+        diesel::query_builder::SqlQuery,
+    > {
+        let mut query = diesel::sql_query(self.sql).into_boxed();
+        for param in self.params {
+            query = match param {
+                Param::Text(value) => query.bind::<Text, _>(value),
+                Param::Time(value) => query.bind::<Timestamptz, _>(value),
+                Param::Int(value) => query.bind::<BigInt, _>(value),
+                Param::Status(value) => query.bind::<SmallInt, _>(value),
+                Param::Json(value) => query.bind::<Jsonb, _>(value),
+            };
+        }
+        query
+    }
+}
+
+/// The journal joined to each event's state; `queue` and `finished` may be NULL.
+const FROM_EVENTS: &str = " FROM inbox_events AS event \
+     LEFT JOIN inbox_queue AS queue ON queue.id = event.id \
+     LEFT JOIN inbox_finished AS finished ON finished.id = event.id WHERE true";
+
+const SUMMARY_COLUMNS: &str = "SELECT event.id, event.provider, event.event_id, event.event_type, \
+     event.received_at, coalesce(queue.status, finished.status) AS status, \
+     coalesce(queue.attempt, finished.attempt) AS attempt, \
+     coalesce(queue.next_attempt_at, finished.processed_at) AS next_attempt_at, \
+     finished.processed_at, coalesce(queue.locked_by, finished.locked_by) AS locked_by, \
+     coalesce(queue.last_error, finished.last_error) AS last_error";
+
+impl EventQuery {
+    /// A statement starting with `select` and [`FROM_EVENTS`], with every condition of this
+    /// query, `status` instead of the query's own state when given.
+    fn statement(&self, select: &str, status: Option<InboxStatus>) -> Statement {
+        let mut statement = Statement::new(&format!("{select}{FROM_EVENTS}"));
+        if let Some(provider) = &self.provider {
+            statement.and("event.provider =", Param::Text(provider.clone()));
+        }
+        if let Some(event_type) = &self.event_type {
+            statement.and("event.event_type =", Param::Text(event_type.clone()));
+        }
+        if let Some(event_id) = &self.event_id {
+            statement.and("event.event_id =", Param::Text(event_id.clone()));
+        }
+        if let Some(since) = self.received_since {
+            statement.and("event.received_at >=", Param::Time(since));
+        }
+        if let Some(until) = self.received_until {
+            statement.and("event.received_at <", Param::Time(until));
+        }
+        if let Some(body) = &self.body_contains {
+            statement.and("inbox_body_jsonb(event.body) @>", Param::Json(body.clone()));
+        }
+        match status.or(self.status) {
+            // A strict condition on one side turns its outer join into an inner one, so the
+            // planner can start from the state's (smaller) table.
+            Some(state @ (InboxStatus::Ready | InboxStatus::Processing)) => {
+                statement.and("queue.status =", Param::Status(state));
+            }
+            Some(state @ (InboxStatus::Done | InboxStatus::Dead)) => {
+                statement.and("finished.status =", Param::Status(state));
+            }
+            None => {}
+        }
+        statement
+    }
+}
+
+/// One page of the events `query` selects, newest first: at most `limit` rows with an id
+/// below `before` (the last id of the previous page; `None` for the first page). Reads
+/// without locking; the next page starts below the last row returned.
+pub async fn list_page(
+    conn: &mut AsyncPgConnection,
+    query: &EventQuery,
+    before: Option<i64>,
+    limit: i64,
+) -> QueryResult<Vec<EventSummary>> {
+    let mut statement = query.statement(SUMMARY_COLUMNS, None);
+    if let Some(before) = before {
+        statement.and("event.id <", Param::Int(before));
+    }
+    statement.sql.push_str(" ORDER BY event.id DESC");
+    statement.limit(limit);
+    statement.into_query().load(conn).await
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    rows: i64,
+}
+
+/// How many dead events `query` selects (whatever its own state filter): what a replay by
+/// filter would replay, counted before it runs. A count, not a lock: events may die or be
+/// replayed meanwhile.
+pub async fn count_dead(conn: &mut AsyncPgConnection, query: &EventQuery) -> QueryResult<i64> {
+    let statement = query.statement("SELECT count(*) AS rows", Some(InboxStatus::Dead));
+    let count: Count = statement.into_query().get_result(conn).await?;
+    Ok(count.rows)
+}
+
+#[derive(QueryableByName)]
+struct Id {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+/// The next `limit` dead events `query` selects with an id above `after`, in id order: one
+/// batch of a replay by filter (hand them to [`super::replay`], then ask for the batch after
+/// the last id). Reads without locking; the replay itself skips rows no longer dead.
+pub async fn dead_ids_after(
+    conn: &mut AsyncPgConnection,
+    query: &EventQuery,
+    after: i64,
+    limit: i64,
+) -> QueryResult<Vec<i64>> {
+    let mut statement = query.statement("SELECT event.id", Some(InboxStatus::Dead));
+    statement.and("event.id >", Param::Int(after));
+    statement.sql.push_str(" ORDER BY event.id");
+    statement.limit(limit);
+    let ids: Vec<Id> = statement.into_query().load(conn).await?;
+    Ok(ids.into_iter().map(|row| row.id).collect())
+}
+
+/// The event with row id `id`, headers and body included, if stored.
+pub async fn event_by_id(
+    conn: &mut AsyncPgConnection,
+    id: i64,
+) -> QueryResult<Option<EventDetail>> {
+    webhook_inbox::table
+        .filter(webhook_inbox::id.eq(id))
+        .select(EventDetail::as_select())
+        .first(conn)
+        .await
+        .optional()
+}
