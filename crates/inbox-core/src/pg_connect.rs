@@ -160,6 +160,20 @@ impl ConnectionSettings {
             .map_err(|err| ConnectError::new(&self.target, &err))
     }
 
+    /// Asks the server to cancel the statement running on `token`'s session, if any (the
+    /// session itself stays; its statement fails with SQLSTATE 57014). Best effort: a cancel
+    /// arriving after the statement ended does nothing, and one that cannot reach the server
+    /// leaves the statement to finish on its own.
+    pub async fn cancel_statement(
+        &self,
+        token: &tokio_postgres::CancelToken,
+    ) -> Result<(), ConnectError> {
+        token
+            .cancel_query(self.tls.clone())
+            .await
+            .map_err(|err| ConnectError::new(&self.target, &err))
+    }
+
     /// A diesel connection with this binary's session limits. It closes itself the first time
     /// a statement fails because the server is read-only, so a pool drops it.
     pub async fn establish(&self) -> Result<AsyncPgConnection, ConnectionError> {

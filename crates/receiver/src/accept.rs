@@ -58,6 +58,8 @@ pub async fn store_all(
     events: Vec<Identified>,
 ) -> Result<Stored, ApiError> {
     let kept = stored_headers(headers, provider);
+    // One deadline for the request, whichever of its events waits longest.
+    let deadline = state.ingestor.deadline_from_now();
     let rows = events.into_iter().map(|event| {
         let body = event.body.unwrap_or_else(|| body.to_vec());
         NewEvent {
@@ -71,7 +73,7 @@ pub async fn store_all(
     });
     let results = join_all(rows.map(|row| async {
         let event_id = row.event_id.clone();
-        (event_id, state.ingestor.store(row).await)
+        (event_id, state.ingestor.store(row, deadline).await)
     }))
     .await;
     let mut stored = Stored {

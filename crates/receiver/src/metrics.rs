@@ -1,7 +1,9 @@
 //! The receiver's Prometheus metrics. Labels are bounded: provider is a configured name (or
 //! `unknown`), outcome a fixed word, secret a configured label; never a value from a request.
 
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
 
 use crate::ingest::StoreError;
 
@@ -27,6 +29,9 @@ pub struct Metrics {
     /// `inbox_receiver_db_errors_total{kind}`: failed writes (no_connection, deadline, query,
     /// overloaded, shutting_down: answered 503; invalid_row: one event refused with 422).
     pub db_errors: IntCounterVec,
+    /// `inbox_receiver_statements_cancelled_total`: insert statements abandoned because every
+    /// request of their batch gave up (or the deadline passed), and cancelled on the server.
+    pub statements_cancelled: IntCounter,
     /// `inbox_receiver_duplicate_body_mismatch_total{provider}`: redeliveries of a known event
     /// id whose body differs from the stored one (a provider bug or tampering).
     pub body_mismatches: IntCounterVec,
@@ -101,6 +106,14 @@ impl Metrics {
             "Event writes that failed, by kind (invalid_row answered 422, the others 503).",
             &["kind"],
         );
+        let statements_cancelled = IntCounter::new(
+            "receiver_statements_cancelled_total",
+            "Insert statements abandoned once every request of their batch had given up, and cancelled on the server.",
+        )
+        .unwrap_or_else(|err| panic!("cancel counter is malformed: {err}"));
+        registry
+            .register(Box::new(statements_cancelled.clone()))
+            .unwrap_or_else(|err| panic!("cancel counter registered twice: {err}"));
         let body_mismatches = counter(
             &registry,
             "receiver_duplicate_body_mismatch_total",
@@ -120,6 +133,7 @@ impl Metrics {
             batch_size,
             ingest_queue,
             db_errors,
+            statements_cancelled,
             body_mismatches,
             verified_by_secret,
         }

@@ -11,7 +11,7 @@ use clap::builder::TypedValueParser as _;
 use inbox_core::db::DatabaseArgs;
 
 use crate::http::{self, AppState, Limits};
-use crate::ingest::{IngestMode, Ingestor, DEFAULT_MAX_BATCH, DEFAULT_WRITERS};
+use crate::ingest::{IngestMode, IngestSettings, Ingestor, DEFAULT_MAX_BATCH, DEFAULT_WRITERS};
 use crate::metrics::Metrics;
 use crate::providers::Providers;
 
@@ -43,8 +43,10 @@ pub struct ServeArgs {
     /// slow (remote storage) and the database has cores to spare.
     #[arg(long, env = "RECEIVER_COMMIT_WRITERS", default_value_t = DEFAULT_WRITERS, value_parser = clap::value_parser!(u16).range(1..).map(usize::from))]
     pub commit_writers: usize,
-    /// Longest a request waits for its event to be committed; past it the answer is 503 and
-    /// the provider retries.
+    /// Longest a request waits for its events to be committed, counted once from the moment
+    /// they are verified: waiting for a writer, for a connection and for the statement all
+    /// come out of it. Past it the answer is 503 and the provider retries; a statement every
+    /// one of whose requests gave up is cancelled on the server.
     #[arg(long, env = "RECEIVER_DB_DEADLINE", value_parser = humantime::parse_duration, default_value = "3s")]
     pub db_deadline: Duration,
     /// Largest request body accepted; larger ones are answered 413.
@@ -96,13 +98,20 @@ impl RunningReceiver {
 pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<RunningReceiver> {
     let metrics = Metrics::new();
     let pool = args.db.pool().context("reading the database settings")?;
+    let connection = args
+        .db
+        .connection_settings()
+        .context("reading the database settings")?;
     let ingestor = Ingestor::start(
-        args.ingest_mode,
+        &IngestSettings {
+            mode: args.ingest_mode,
+            deadline: args.db_deadline,
+            max_batch: args.max_batch,
+            writers: args.commit_writers,
+        },
         pool.clone(),
+        Some(connection),
         metrics.clone(),
-        args.db_deadline,
-        args.max_batch,
-        args.commit_writers,
     );
     let state = web::Data::new(AppState {
         providers,
@@ -134,6 +143,9 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
             .wrap(tracing_actix_web::TracingLogger::default())
     })
     .shutdown_timeout(args.shutdown_timeout.as_secs().max(1))
+    // A client that closes its side has given up (providers do not half-close): its request
+    // is dropped, so a batch whose clients all left has its statement cancelled.
+    .h1_allow_half_closed(false)
     .listen(listener)?;
     if let Some(workers) = args.http_workers {
         server = server.workers(workers.max(1));

@@ -7,9 +7,13 @@
 //! - **per request**: every request runs its own statement and commit; simple, and the
 //!   baseline group commit is measured against.
 //!
-//! Either way a request's answer waits for its own row's commit, and every wait is bounded by
-//! a deadline: past it the caller answers 503 and the provider retries (the retry is then
-//! harmless, answered "duplicate" if the first write did land). A row the database refuses
+//! Either way a request's answer waits for its own row's commit, within one deadline per
+//! request (`--db-deadline`, counted once from the moment its verified events are handed
+//! over): waiting for a writer, for a connection and for the statement all come out of it.
+//! Past it the caller answers 503 and the provider retries (the retry is then harmless,
+//! answered "duplicate" if the first write did land). A batch is written until the last of
+//! its requests' deadlines; once every one of its requests has given up (deadline passed or
+//! client gone) its statement is cancelled on the server. A row the database refuses
 //! (a constraint) is isolated from the rest of its batch ([`write`]), and only its request
 //! is refused.
 
@@ -18,13 +22,16 @@ mod write;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::{join_all, FutureExt as _};
 use inbox_core::db::PgPool;
-use inbox_core::inbox::{InsertOutcome, NewEvent};
+use inbox_core::inbox::NewEvent;
+use inbox_core::pg_connect::ConnectionSettings;
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
 use crate::notifier::Notifier;
+use write::Store;
 
 /// Default largest number of events stored by one statement.
 pub const DEFAULT_MAX_BATCH: usize = 256;
@@ -85,6 +92,8 @@ impl StoreError {
 
 struct Pending {
     event: NewEvent,
+    /// When its request stops waiting.
+    deadline: Instant,
     reply: Reply,
 }
 
@@ -101,18 +110,14 @@ enum Inner {
         queue: mpsc::Sender<Pending>,
         metrics: Metrics,
     },
-    PerRequest {
-        pool: PgPool,
-        metrics: Metrics,
-        notifier: Notifier,
-    },
+    PerRequest(Box<Store>),
 }
 
 impl std::fmt::Debug for Ingestor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mode = match self.inner {
             Inner::GroupCommit { .. } => IngestMode::GroupCommit,
-            Inner::PerRequest { .. } => IngestMode::PerRequest,
+            Inner::PerRequest(_) => IngestMode::PerRequest,
         };
         f.debug_struct("Ingestor")
             .field("mode", &mode)
@@ -121,36 +126,47 @@ impl std::fmt::Debug for Ingestor {
     }
 }
 
+/// How the ingest path is set up.
+#[derive(Debug, Clone)]
+pub struct IngestSettings {
+    /// Group commit or one transaction per request.
+    pub mode: IngestMode,
+    /// A request's whole budget for storing its events (`--db-deadline`).
+    pub deadline: Duration,
+    /// Most events per group-commit statement.
+    pub max_batch: usize,
+    /// Group-commit writer tasks.
+    pub writers: usize,
+}
+
 impl Ingestor {
     /// Starts the ingest path. In group-commit mode this spawns `writers` tasks on the current
     /// tokio runtime; they end once every clone of the returned value is dropped and the
-    /// events still queued are written.
+    /// events still queued are written. `connection` is used to cancel statements on the
+    /// server (`None`: never cancelled, only abandoned).
     pub fn start(
-        mode: IngestMode,
+        settings: &IngestSettings,
         pool: PgPool,
+        connection: Option<ConnectionSettings>,
         metrics: Metrics,
-        deadline: Duration,
-        max_batch: usize,
-        writers: usize,
     ) -> Self {
         let notifier = Notifier::start(pool.clone());
-        let inner = match mode {
-            IngestMode::PerRequest => Inner::PerRequest {
-                pool,
-                metrics,
-                notifier,
-            },
+        let store = Store {
+            pool,
+            notifier,
+            metrics: metrics.clone(),
+            connection,
+        };
+        let inner = match settings.mode {
+            IngestMode::PerRequest => Inner::PerRequest(Box::new(store)),
             IngestMode::GroupCommit => {
                 let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
                 let receiver = Arc::new(Mutex::new(receiver));
-                for _ in 0..writers.max(1) {
+                for _ in 0..settings.writers.max(1) {
                     tokio::spawn(run_writer(
                         Arc::clone(&receiver),
-                        pool.clone(),
-                        metrics.clone(),
-                        notifier.clone(),
-                        deadline,
-                        max_batch.max(1),
+                        store.clone(),
+                        settings.max_batch.max(1),
                     ));
                 }
                 Inner::GroupCommit {
@@ -159,26 +175,28 @@ impl Ingestor {
                 }
             }
         };
-        Self { inner, deadline }
+        Self {
+            inner,
+            deadline: settings.deadline,
+        }
     }
 
-    /// Stores one event and returns once its row is committed (or known to exist).
-    pub async fn store(&self, event: NewEvent) -> Result<InsertOutcome, Arc<StoreError>> {
+    /// The deadline of a request whose events are handed over now: one budget for waiting
+    /// for a writer, for a connection and for the statement, however they share it.
+    pub fn deadline_from_now(&self) -> Instant {
+        Instant::now() + self.deadline
+    }
+
+    /// Stores one event and returns once its row is committed (or known to exist), or at
+    /// `deadline` with [`StoreError::Deadline`].
+    pub async fn store(&self, event: NewEvent, deadline: Instant) -> write::Answer {
         match &self.inner {
-            Inner::PerRequest {
-                pool,
-                metrics,
-                notifier,
-            } => {
-                let deadline = Instant::now() + self.deadline;
-                let mut answers = write::write_events(
-                    pool,
-                    notifier,
-                    metrics,
-                    std::slice::from_ref(&event),
-                    deadline,
-                )
-                .await;
+            Inner::PerRequest(store) => {
+                // Were the request dropped (its client gone), this future would be too.
+                let never = std::future::pending();
+                let mut answers = store
+                    .write_events(std::slice::from_ref(&event), deadline, never)
+                    .await;
                 answers
                     .pop()
                     .unwrap_or_else(|| Err(Arc::new(StoreError::ShuttingDown)))
@@ -187,7 +205,12 @@ impl Ingestor {
                 let (reply, answer) = oneshot::channel();
                 // Counted before it is sent, so a writer never takes it off the gauge first.
                 metrics.ingest_queue.inc();
-                queue.try_send(Pending { event, reply }).map_err(|err| {
+                let pending = Pending {
+                    event,
+                    deadline,
+                    reply,
+                };
+                queue.try_send(pending).map_err(|err| {
                     metrics.ingest_queue.dec();
                     let error = match err {
                         mpsc::error::TrySendError::Full(_) => StoreError::Overloaded,
@@ -197,7 +220,8 @@ impl Ingestor {
                     metrics.observe_failure(&error);
                     Arc::new(error)
                 })?;
-                match tokio::time::timeout(self.deadline, answer).await {
+                // Dropping `answer` here is what tells the writer this request gave up.
+                match tokio::time::timeout_at(deadline, answer).await {
                     Ok(Ok(result)) => result,
                     Ok(Err(_writer_gone)) => Err(Arc::new(StoreError::ShuttingDown)),
                     Err(_elapsed) => Err(Arc::new(StoreError::Deadline)),
@@ -207,14 +231,7 @@ impl Ingestor {
     }
 }
 
-async fn run_writer(
-    queue: Arc<Mutex<mpsc::Receiver<Pending>>>,
-    pool: PgPool,
-    metrics: Metrics,
-    notifier: Notifier,
-    deadline: Duration,
-    max_batch: usize,
-) {
+async fn run_writer(queue: Arc<Mutex<mpsc::Receiver<Pending>>>, store: Store, max_batch: usize) {
     let mut batch: Vec<Pending> = Vec::with_capacity(max_batch);
     loop {
         {
@@ -224,21 +241,24 @@ async fn run_writer(
             if taken == 0 {
                 return; // every sender is gone and the queue is drained
             }
-            metrics
+            store
+                .metrics
                 .ingest_queue
                 .sub(i64::try_from(taken).unwrap_or(i64::MAX));
         }
-        // Requests that already gave up (deadline passed) need no write.
-        let (events, replies): (Vec<NewEvent>, Vec<_>) = batch
+        // Requests that already gave up (deadline passed, client gone) need no write.
+        let now = Instant::now();
+        batch.retain(|pending| !pending.reply.is_closed() && pending.deadline > now);
+        // Worth writing while any of its requests still waits.
+        let Some(deadline) = batch.iter().map(|pending| pending.deadline).max() else {
+            continue;
+        };
+        let (events, mut replies): (Vec<NewEvent>, Vec<Reply>) = batch
             .drain(..)
-            .filter(|pending| !pending.reply.is_closed())
             .map(|pending| (pending.event, pending.reply))
             .unzip();
-        if events.is_empty() {
-            continue;
-        }
-        let deadline = Instant::now() + deadline;
-        let answers = write::write_events(&pool, &notifier, &metrics, &events, deadline).await;
+        let all_gave_up = join_all(replies.iter_mut().map(Reply::closed)).map(|_| ());
+        let answers = store.write_events(&events, deadline, all_gave_up).await;
         for (reply, answer) in replies.into_iter().zip(answers) {
             let _gone = reply.send(answer);
         }

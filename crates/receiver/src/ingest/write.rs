@@ -4,6 +4,7 @@
 //! acknowledged, instead of the whole group being answered 503 and retried into the same
 //! failure by every provider whose events shared its batch.
 
+use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use inbox_core::db::PgPool;
 use inbox_core::inbox::{self, InsertOutcome, NewEvent};
+use inbox_core::pg_connect::ConnectionSettings;
 use tokio::time::Instant;
 
 use super::StoreError;
@@ -25,8 +27,8 @@ pub(super) type Answer = Result<InsertOutcome, Arc<StoreError>>;
 /// down to every single row. Past it, what is left is answered 503.
 const MAX_FAILED_STATEMENTS: usize = 24;
 
-/// How long a connection whose statement overran the deadline is kept out of the pool while
-/// that statement finishes on the server.
+/// How long a connection whose statement was abandoned is kept out of the pool at most while
+/// that statement ends on the server (at once when the cancel arrives).
 const QUARANTINE: Duration = Duration::from_secs(60);
 
 /// What a failed statement says about its rows.
@@ -60,71 +62,116 @@ fn classify(error: &DieselError) -> Failure {
     }
 }
 
-/// Writes `events` on one connection, all before `deadline`, and returns one answer per
-/// event in input order. Wakes the workers once if anything new was committed.
-pub(super) async fn write_events(
-    pool: &PgPool,
-    notifier: &Notifier,
-    metrics: &Metrics,
-    events: &[NewEvent],
-    deadline: Instant,
-) -> Vec<Answer> {
-    let Ok(Ok(mut conn)) = tokio::time::timeout_at(deadline, pool.get_owned()).await else {
-        metrics.observe_failure(&StoreError::NoConnection);
-        return vec![Err(Arc::new(StoreError::NoConnection)); events.len()];
-    };
-    let mut answers: Vec<Option<Answer>> = vec![None; events.len()];
-    // Groups still to write, as a stack: the whole batch first.
-    let mut groups: Vec<Range<usize>> = Vec::with_capacity(16);
-    groups.push(0..events.len());
-    let mut failed_statements = 0;
-    while let Some(group) = groups.pop() {
-        let written = tokio::time::timeout_at(
-            deadline,
-            inbox::insert_events(&mut conn, &events[group.clone()]),
-        )
-        .await;
-        metrics.batch_size.observe(group.len() as f64);
-        let error = match written {
-            Ok(Ok(outcomes)) if outcomes.len() == group.len() => {
-                for (slot, outcome) in answers[group].iter_mut().zip(outcomes) {
-                    *slot = Some(Ok(outcome));
+/// What a write needs; cheap to clone.
+#[derive(Clone)]
+pub(super) struct Store {
+    pub(super) pool: PgPool,
+    pub(super) notifier: Notifier,
+    pub(super) metrics: Metrics,
+    /// To cancel a statement on the server; `None`: abandoned only.
+    pub(super) connection: Option<ConnectionSettings>,
+}
+
+impl Store {
+    /// Writes `events` on one connection before `deadline` and returns one answer per event
+    /// in input order. Once `gave_up` completes (every requester gone) or the deadline passes,
+    /// the statement in flight is cancelled on the server. Wakes the workers once if anything
+    /// new was committed.
+    pub(super) async fn write_events(
+        &self,
+        events: &[NewEvent],
+        deadline: Instant,
+        gave_up: impl Future<Output = ()>,
+    ) -> Vec<Answer> {
+        let metrics = &self.metrics;
+        let mut gave_up = std::pin::pin!(gave_up);
+        let checkout = tokio::time::timeout_at(deadline, self.pool.get_owned());
+        let conn = tokio::select! {
+            conn = checkout => conn.ok().and_then(Result::ok),
+            () = &mut gave_up => None,
+        };
+        let Some(mut conn) = conn else {
+            metrics.observe_failure(&StoreError::NoConnection);
+            return vec![Err(Arc::new(StoreError::NoConnection)); events.len()];
+        };
+        let mut answers: Vec<Option<Answer>> = vec![None; events.len()];
+        // Groups still to write, as a stack: the whole batch first.
+        let mut groups: Vec<Range<usize>> = Vec::with_capacity(16);
+        groups.push(0..events.len());
+        let mut failed_statements = 0;
+        while let Some(group) = groups.pop() {
+            let token = conn.cancel_token();
+            let written = tokio::select! {
+                written = inbox::insert_events(&mut conn, &events[group.clone()]) => Some(written),
+                () = tokio::time::sleep_until(deadline) => None,
+                () = &mut gave_up => None,
+            };
+            metrics.batch_size.observe(group.len() as f64);
+            let Some(written) = written else {
+                self.abandon(conn, &token);
+                fail_rest(&mut answers, StoreError::Deadline, metrics);
+                break;
+            };
+            let error = match written {
+                Ok(outcomes) if outcomes.len() == group.len() => {
+                    for (slot, outcome) in answers[group].iter_mut().zip(outcomes) {
+                        *slot = Some(Ok(outcome));
+                    }
+                    continue;
                 }
-                continue;
-            }
-            Ok(Ok(_)) => StoreError::Database(missing_outcome()),
-            Ok(Err(error)) => {
-                failed_statements += 1;
-                let failure = classify(&error);
-                if failure != Failure::NotTheRows && failed_statements < MAX_FAILED_STATEMENTS {
-                    if group.len() > 1 {
+                Ok(_) => StoreError::Database(missing_outcome()),
+                Err(error) => {
+                    failed_statements += 1;
+                    let failure = classify(&error);
+                    if failure == Failure::NotTheRows || failed_statements >= MAX_FAILED_STATEMENTS
+                    {
+                        StoreError::Database(error)
+                    } else if group.len() > 1 {
                         let middle = group.start + group.len() / 2;
                         // The first half is written first.
                         groups.push(middle..group.end);
                         groups.push(group.start..middle);
                         continue;
+                    } else {
+                        // The row alone: refused for good, or for now.
+                        let alone = match failure {
+                            Failure::RowRefused => StoreError::InvalidRow(error),
+                            _ => StoreError::Database(error),
+                        };
+                        metrics.observe_failure(&alone);
+                        answers[group.start] = Some(Err(Arc::new(alone)));
+                        continue;
                     }
-                    // The row alone: refused for good, or for now.
-                    let alone = match failure {
-                        Failure::RowRefused => StoreError::InvalidRow(error),
-                        _ => StoreError::Database(error),
-                    };
-                    metrics.observe_failure(&alone);
-                    answers[group.start] = Some(Err(Arc::new(alone)));
-                    continue;
                 }
-                StoreError::Database(error)
-            }
-            Err(_elapsed) => {
-                quarantine(conn);
-                fail_rest(&mut answers, StoreError::Deadline, metrics);
-                break;
-            }
-        };
-        fail_rest(&mut answers, error, metrics);
-        break;
+            };
+            fail_rest(&mut answers, error, metrics);
+            break;
+        }
+        finish(answers, &self.notifier)
     }
-    finish(answers, notifier)
+
+    /// Nobody waits for the statement in flight any more: it is cancelled on the server, and
+    /// the connection, which would queue the next batch behind it, stays out of the pool until
+    /// a trivial query shows the statement is over. Had it committed first, the providers'
+    /// retries are answered "duplicate".
+    fn abandon<C>(&self, mut conn: C, token: &tokio_postgres::CancelToken)
+    where
+        C: std::ops::DerefMut<Target = diesel_async::AsyncPgConnection> + Send + 'static,
+    {
+        let connection = self.connection.clone();
+        let token = token.clone();
+        self.metrics.statements_cancelled.inc();
+        tokio::spawn(async move {
+            if let Some(connection) = connection {
+                if let Err(err) = connection.cancel_statement(&token).await {
+                    tracing::debug!(error = %err, "could not cancel an abandoned statement");
+                }
+            }
+            let drained =
+                diesel_async::SimpleAsyncConnection::batch_execute(&mut *conn, "SELECT 1");
+            let _ = tokio::time::timeout(QUARANTINE, drained).await;
+        });
+    }
 }
 
 /// Answers every event not answered yet with `error`.
@@ -150,20 +197,6 @@ fn finish(answers: Vec<Option<Answer>>, notifier: &Notifier) -> Vec<Answer> {
         notifier.new_events_committed();
     }
     answers
-}
-
-/// The statement may still run, and commit, on the server: the caller answers 503 and the
-/// provider's retry finds out ("duplicate" if it landed). The connection would queue the next
-/// batch behind that statement, so it stays out of the pool until a trivial query shows the
-/// statement is over.
-fn quarantine<C>(mut conn: C)
-where
-    C: std::ops::DerefMut<Target = diesel_async::AsyncPgConnection> + Send + 'static,
-{
-    tokio::spawn(async move {
-        let drained = diesel_async::SimpleAsyncConnection::batch_execute(&mut *conn, "SELECT 1");
-        let _ = tokio::time::timeout(QUARANTINE, drained).await;
-    });
 }
 
 fn missing_outcome() -> DieselError {
