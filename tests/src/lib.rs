@@ -260,6 +260,7 @@ pub fn serve_args_for_database(
         commit_writers: 4,
         db_deadline: Duration::from_secs(3),
         max_body_bytes: 1024 * 1024,
+        max_head_bytes: receiver::server::DEFAULT_MAX_HEAD_BYTES,
         body_timeout: Duration::from_secs(2),
         retry_after_secs: 1,
         shutdown_timeout: Duration::from_secs(5),

@@ -116,15 +116,28 @@ async fn a_row_the_database_refuses_fails_alone_and_its_batch_is_stored() {
     let mut ids: Vec<String> = (0..10).map(|n| format!("evt-{n}")).collect();
     ids.insert(3, "poison-1".into());
     ids.insert(8, "num-x".into());
-    let batch = join_all(ids.iter().map(|id| post(&receiver, id.clone())));
-    let release = async {
-        wait_until("the batch queues", Duration::from_secs(10), async || {
-            receiver.metric(QUEUED).await == 12.0
-        })
+    let mut check = db.connect().await;
+    let batch = async {
+        wait_for_count(
+            &mut check,
+            "the first insert waits for the lock",
+            "SELECT count(*) AS n FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            1,
+            Duration::from_secs(10),
+        )
         .await;
-        locker.batch_execute("COMMIT").await.unwrap();
+        let batch = join_all(ids.iter().map(|id| post(&receiver, id.clone())));
+        let release = async {
+            wait_until("the batch queues", Duration::from_secs(10), async || {
+                receiver.metric(QUEUED).await == 12.0
+            })
+            .await;
+            locker.batch_execute("COMMIT").await.unwrap();
+        };
+        tokio::join!(batch, release).0
     };
-    let (first, answers, ()) = tokio::join!(first, batch, release);
+    let (first, answers) = tokio::join!(first, batch);
     assert_eq!(first.status, 200);
 
     for (id, answer) in ids.iter().zip(&answers) {

@@ -25,6 +25,13 @@ const CREDENTIAL_HEADERS: &[&str] = &[
     "x-gitlab-token",
 ];
 
+/// Most bytes of headers (names and values) kept with an event; the largest beyond it are
+/// left out, and the row says so (`x-inbox-headers-truncated`).
+pub const MAX_STORED_HEADER_BYTES: usize = 8 * 1024;
+
+/// Key added to the stored headers when some were left out for [`MAX_STORED_HEADER_BYTES`].
+pub const TRUNCATED_MARKER: &str = "x-inbox-headers-truncated";
+
 /// How many of a request's events were new.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stored {
@@ -135,34 +142,53 @@ pub fn handshake_answer(reply: HandshakeReply) -> HttpResponse {
 }
 
 /// The headers kept with the event: everything but credentials (or only `keep_headers`), as
-/// `{name: value}` with repeated headers joined by ", " (their meaning under HTTP semantics).
+/// `{name: value}` with repeated headers joined by ", " (their meaning under HTTP semantics),
+/// within [`MAX_STORED_HEADER_BYTES`]: smallest first, so a few huge headers cannot push out
+/// the ones that identify the delivery, and by name among equals, so what is kept does not
+/// depend on the map's order.
 fn stored_headers(headers: &HeaderMap, provider: &Provider) -> serde_json::Value {
+    let mut names: Vec<(usize, &str)> = headers
+        .keys()
+        .map(|name| name.as_str())
+        .filter(|name| {
+            let listed = provider
+                .keep_headers
+                .as_ref()
+                .is_none_or(|keep| keep.iter().any(|k| k == name));
+            listed
+                && !CREDENTIAL_HEADERS.contains(name)
+                && !provider.drop_headers.iter().any(|d| d == name)
+        })
+        .map(|name| {
+            let values: usize = headers.get_all(name).map(|value| value.len() + 2).sum();
+            (name.len() + values, name)
+        })
+        .collect();
+    names.sort_unstable();
+    names.dedup();
     let mut kept = serde_json::Map::new();
-    for (name, value) in headers.iter() {
-        let name = name.as_str();
-        let listed = provider
-            .keep_headers
-            .as_ref()
-            .is_none_or(|keep| keep.iter().any(|k| k == name));
-        if CREDENTIAL_HEADERS.contains(&name)
-            || provider.drop_headers.iter().any(|d| d == name)
-            || !listed
-        {
+    let mut budget = MAX_STORED_HEADER_BYTES;
+    let mut truncated = false;
+    for (cost, name) in names {
+        if cost > budget {
+            truncated = true;
             continue;
         }
-        let value = String::from_utf8_lossy(value.as_bytes());
-        match kept.get_mut(name) {
-            Some(serde_json::Value::String(existing)) => {
-                existing.push_str(", ");
-                existing.push_str(&value);
-            }
-            _ => {
-                kept.insert(
-                    name.to_owned(),
-                    serde_json::Value::String(value.into_owned()),
-                );
-            }
-        }
+        budget -= cost;
+        let values: Vec<_> = headers
+            .get_all(name)
+            .map(|value| String::from_utf8_lossy(value.as_bytes()))
+            .collect();
+        kept.insert(
+            name.to_owned(),
+            serde_json::Value::String(values.join(", ")),
+        );
+    }
+    if truncated {
+        kept.insert(
+            TRUNCATED_MARKER.to_owned(),
+            serde_json::Value::String("true".to_owned()),
+        );
     }
     serde_json::Value::Object(kept)
 }

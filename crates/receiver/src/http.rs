@@ -31,6 +31,8 @@ const INITIAL_BODY_CAPACITY: usize = 64 * 1024;
 pub struct Limits {
     /// Largest body accepted.
     pub max_body_bytes: usize,
+    /// Largest request head accepted: the request line and every header's name and value.
+    pub max_head_bytes: usize,
     /// Time allowed for the whole body to arrive.
     pub body_timeout: Duration,
     /// Seconds a provider is asked to wait after a 503.
@@ -52,7 +54,13 @@ pub struct AppState {
     pub pool: PgPool,
     /// Deadline of the readiness check.
     pub readiness_timeout: Duration,
+    /// The last readiness check, reused for [`READINESS_CACHE`].
+    pub readiness: tokio::sync::Mutex<Option<(Instant, bool)>>,
 }
+
+/// How long a readiness result is reused: probes, however many, cost the database at most
+/// one connection check a second.
+pub const READINESS_CACHE: Duration = Duration::from_secs(1);
 
 /// Registers the webhook routes.
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -329,6 +337,49 @@ where
     }
 }
 
+/// Middleware: a request whose head (request line and headers) exceeds `max_head_bytes` is
+/// answered 431 before any handler runs; actix's own limit (128 KiB) is far above what any
+/// provider sends.
+pub fn limit_head<S>(
+    request: ServiceRequest,
+    service: &S,
+) -> futures_util::future::Either<
+    S::Future,
+    std::future::Ready<Result<ServiceResponse, actix_web::Error>>,
+>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse, Error = actix_web::Error>,
+{
+    let limit = request
+        .app_data::<web::Data<AppState>>()
+        .map(|state| state.limits.max_head_bytes);
+    let size = head_bytes(request.request());
+    match limit {
+        Some(limit) if size > limit => {
+            let answer =
+                HttpResponse::build(actix_web::http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
+                    .insert_header((header::CONNECTION, "close"))
+                    .json(serde_json::json!({
+                        "code": "headers_too_large",
+                        "detail": format!("request head exceeds {limit} bytes"),
+                    }));
+            tracing::warn!(size, limit, "request head too large");
+            futures_util::future::Either::Right(std::future::ready(Ok(
+                request.into_response(answer)
+            )))
+        }
+        _ => futures_util::future::Either::Left(service.call(request)),
+    }
+}
+
+/// The bytes of a request head as sent: request line, and `name: value\r\n` per header.
+fn head_bytes(request: &HttpRequest) -> usize {
+    let line = request.method().as_str().len() + request.uri().to_string().len() + 12;
+    request.headers().iter().fold(line, |total, (name, value)| {
+        total + name.as_str().len() + value.len() + 4
+    })
+}
+
 async fn method_not_allowed() -> HttpResponse {
     HttpResponse::MethodNotAllowed()
         .insert_header((header::ALLOW, "POST"))
@@ -350,21 +401,40 @@ async fn healthz() -> HttpResponse {
 }
 
 async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    if database_ready(&state).await {
+        HttpResponse::Ok().json(serde_json::json!({ "status": "ready" }))
+    } else {
+        HttpResponse::ServiceUnavailable()
+            .insert_header((
+                header::RETRY_AFTER,
+                state.limits.retry_after_secs.to_string(),
+            ))
+            .json(serde_json::json!({ "status": "database unreachable" }))
+    }
+}
+
+/// Whether the database answers, checked at most once per [`READINESS_CACHE`]: concurrent
+/// probes wait for the one check in flight and share its result.
+async fn database_ready(state: &AppState) -> bool {
+    let mut last = state.readiness.lock().await;
+    if let Some((checked, ready)) = *last {
+        if checked.elapsed() < READINESS_CACHE {
+            return ready;
+        }
+    }
+    state.metrics.readiness_checks.inc();
     let check = async {
         let mut conn = state.pool.get().await.ok()?;
         diesel_async::RunQueryDsl::execute(diesel::sql_query("SELECT 1"), &mut *conn)
             .await
             .ok()
     };
-    match tokio::time::timeout(state.readiness_timeout, check).await {
-        Ok(Some(_)) => HttpResponse::Ok().json(serde_json::json!({ "status": "ready" })),
-        _ => HttpResponse::ServiceUnavailable()
-            .insert_header((
-                header::RETRY_AFTER,
-                state.limits.retry_after_secs.to_string(),
-            ))
-            .json(serde_json::json!({ "status": "database unreachable" })),
-    }
+    let ready = matches!(
+        tokio::time::timeout(state.readiness_timeout, check).await,
+        Ok(Some(_))
+    );
+    *last = Some((Instant::now(), ready));
+    ready
 }
 
 async fn metrics(metrics: web::Data<Metrics>) -> HttpResponse {

@@ -32,6 +32,9 @@ pub struct Metrics {
     /// `inbox_receiver_statements_cancelled_total`: insert statements abandoned because every
     /// request of their batch gave up (or the deadline passed), and cancelled on the server.
     pub statements_cancelled: IntCounter,
+    /// `inbox_receiver_readiness_checks_total`: database checks made for `/readyz` (at most
+    /// about one a second, whatever the probe rate).
+    pub readiness_checks: IntCounter,
     /// `inbox_receiver_duplicate_body_mismatch_total{provider}`: redeliveries of a known event
     /// id whose body differs from the stored one (a provider bug or tampering).
     pub body_mismatches: IntCounterVec,
@@ -114,6 +117,14 @@ impl Metrics {
         registry
             .register(Box::new(statements_cancelled.clone()))
             .unwrap_or_else(|err| panic!("cancel counter registered twice: {err}"));
+        let readiness_checks = IntCounter::new(
+            "receiver_readiness_checks_total",
+            "Database checks made for /readyz; probes within a second share one.",
+        )
+        .unwrap_or_else(|err| panic!("readiness counter is malformed: {err}"));
+        registry
+            .register(Box::new(readiness_checks.clone()))
+            .unwrap_or_else(|err| panic!("readiness counter registered twice: {err}"));
         let body_mismatches = counter(
             &registry,
             "receiver_duplicate_body_mismatch_total",
@@ -134,6 +145,7 @@ impl Metrics {
             ingest_queue,
             db_errors,
             statements_cancelled,
+            readiness_checks,
             body_mismatches,
             verified_by_secret,
         }

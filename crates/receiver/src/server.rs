@@ -17,6 +17,8 @@ use crate::providers::Providers;
 
 /// Default body size limit: 1 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Default request head limit: 16 KiB, several times what any provider's headers take.
+pub const DEFAULT_MAX_HEAD_BYTES: usize = 16 * 1024;
 
 /// Flags of `receiver serve`.
 #[derive(Debug, Clone, clap::Args)]
@@ -52,6 +54,9 @@ pub struct ServeArgs {
     /// Largest request body accepted; larger ones are answered 413.
     #[arg(long, env = "RECEIVER_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Largest request head (request line and headers) accepted; larger ones are answered 431.
+    #[arg(long, env = "RECEIVER_MAX_HEAD_BYTES", default_value_t = DEFAULT_MAX_HEAD_BYTES)]
+    pub max_head_bytes: usize,
     /// Time allowed for a whole request body to arrive; slower clients are answered 408.
     #[arg(long, env = "RECEIVER_BODY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
     pub body_timeout: Duration,
@@ -119,11 +124,13 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
         metrics: metrics.clone(),
         limits: Limits {
             max_body_bytes: args.max_body_bytes,
+            max_head_bytes: args.max_head_bytes,
             body_timeout: args.body_timeout,
             retry_after_secs: args.retry_after_secs,
         },
         pool,
         readiness_timeout: args.db.db_connect_timeout,
+        readiness: tokio::sync::Mutex::new(None),
     });
 
     let listener = TcpListener::bind(args.listen)
@@ -137,6 +144,7 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
         App::new()
             .app_data(state.clone())
             .configure(http::configure)
+            .wrap_fn(http::limit_head)
             // Registered before the logger, so it runs inside it and finds the request id the
             // logger put in the request's span.
             .wrap_fn(http::echo_request_id)
