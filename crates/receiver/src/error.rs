@@ -44,6 +44,12 @@ pub enum ApiError {
     /// The database refused the event's row (a constraint): retrying cannot store it.
     #[error("the event cannot be stored")]
     Unstorable(#[source] Arc<StoreError>),
+    /// The budget of body bytes in flight cannot take this body now; it was not read.
+    #[error("too many request bodies in flight; retry later")]
+    Busy {
+        /// Seconds for the Retry-After header.
+        retry_after_secs: u64,
+    },
     /// The event could not be stored: nothing was acked, the provider should retry.
     #[error("temporarily unable to store the event")]
     Unavailable {
@@ -108,6 +114,7 @@ impl ApiError {
             Self::BodyTimeout(_) => "body_timeout",
             Self::BodyUnreadable => "body_unreadable",
             Self::Unstorable(_) => "unstorable_event",
+            Self::Busy { .. } => "busy",
             Self::Unavailable { .. } => "unavailable",
         }
     }
@@ -138,7 +145,7 @@ impl ResponseError for ApiError {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Unstorable(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Busy { .. } | Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -149,6 +156,11 @@ impl ResponseError for ApiError {
                 retry_after_secs, ..
             } => {
                 response.insert_header((header::RETRY_AFTER, retry_after_secs.to_string()));
+            }
+            Self::Busy { retry_after_secs } => {
+                response.insert_header((header::RETRY_AFTER, retry_after_secs.to_string()));
+                // The body was never read.
+                response.insert_header((header::CONNECTION, "close"));
             }
             Self::BodyTooLarge { .. } | Self::BodyTimeout(_) | Self::BodyUnreadable => {
                 // The unread rest of the body makes the connection unusable.

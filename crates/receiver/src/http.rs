@@ -17,6 +17,7 @@ use inbox_signature::{HandshakeKind, HeaderSource, Request, SigningKey};
 use tracing_actix_web::RequestId;
 
 use crate::accept::{acknowledgement, handshake_answer, store_all};
+use crate::budget::{BodyBudget, Reservation};
 use crate::error::ApiError;
 use crate::identify::identify;
 use crate::ingest::Ingestor;
@@ -52,6 +53,8 @@ pub struct AppState {
     pub limits: Limits,
     /// Pool, for the readiness check.
     pub pool: PgPool,
+    /// Body bytes in flight, shared by every request.
+    pub budget: BodyBudget,
     /// Deadline of the readiness check.
     pub readiness_timeout: Duration,
     /// The last readiness check, reused for [`READINESS_CACHE`].
@@ -125,7 +128,8 @@ async fn receive_for(
 ) -> Result<(HttpResponse, &'static str), ApiError> {
     let headers = RequestHeaders(request.headers());
     check_identity_headers(request.headers(), provider)?;
-    let body = read_body(request.headers(), payload, &state.limits).await?;
+    // Held until the answer: the body and its copies stay within the budget.
+    let (body, _reservation) = read_body(request.headers(), payload, state).await?;
     let url = request_url(request, provider);
     let signed = Request {
         method: "POST",
@@ -227,13 +231,18 @@ async fn handshake_get(
     result
 }
 
-/// Reads the whole body within the size and time limits. A declared length over the limit is
-/// refused before a byte is read.
+/// Reads the whole body within the size and time limits and the budget of bytes in flight. A
+/// declared length over the limit, or over what the budget has left, is refused before a
+/// byte is read.
 async fn read_body(
     headers: &HeaderMap,
     mut payload: web::Payload,
-    limits: &Limits,
-) -> Result<Bytes, ApiError> {
+    state: &AppState,
+) -> Result<(Bytes, Reservation), ApiError> {
+    let limits = &state.limits;
+    let busy = || ApiError::Busy {
+        retry_after_secs: limits.retry_after_secs,
+    };
     let limit = limits.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -241,6 +250,15 @@ async fn read_body(
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|length| length > limit as u64) {
         return Err(ApiError::BodyTooLarge { limit });
+    }
+    let mut reservation = state.budget.empty();
+    // Within the limit, so it fits a usize.
+    let declared_bytes = declared.and_then(|length| usize::try_from(length).ok());
+    if let Some(length) = declared_bytes {
+        if !state.budget.grow(&mut reservation, length) {
+            state.metrics.budget_refusals.inc();
+            return Err(busy());
+        }
     }
     // A declared length is a promise, not bytes: reserving all of it up front would let idle
     // connections that each declare the limit hold the limit in memory each.
@@ -254,11 +272,15 @@ async fn read_body(
     loop {
         match tokio::time::timeout_at(deadline, payload.next()).await {
             Err(_elapsed) => return Err(ApiError::BodyTimeout(limits.body_timeout)),
-            Ok(None) => return Ok(body.freeze()),
+            Ok(None) => return Ok((body.freeze(), reservation)),
             Ok(Some(Err(_))) => return Err(ApiError::BodyUnreadable),
             Ok(Some(Ok(chunk))) => {
                 if body.len() + chunk.len() > limit {
                     return Err(ApiError::BodyTooLarge { limit });
+                }
+                if declared_bytes.is_none() && !state.budget.grow(&mut reservation, chunk.len()) {
+                    state.metrics.budget_refusals.inc();
+                    return Err(busy());
                 }
                 body.extend_from_slice(&chunk);
             }

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accept;
+pub mod budget;
 pub mod error;
 pub mod http;
 pub mod identify;

@@ -35,6 +35,12 @@ pub struct Metrics {
     /// `inbox_receiver_readiness_checks_total`: database checks made for `/readyz` (at most
     /// about one a second, whatever the probe rate).
     pub readiness_checks: IntCounter,
+    /// `inbox_receiver_body_bytes_in_flight`: body bytes reserved by requests being received
+    /// or stored (at most `--max-body-bytes-in-flight`).
+    pub body_bytes_in_flight: IntGauge,
+    /// `inbox_receiver_body_budget_refusals_total`: requests answered 503 before their body
+    /// was read, because the budget of body bytes in flight could not take it.
+    pub budget_refusals: IntCounter,
     /// `inbox_receiver_duplicate_body_mismatch_total{provider}`: redeliveries of a known event
     /// id whose body differs from the stored one (a provider bug or tampering).
     pub body_mismatches: IntCounterVec,
@@ -125,6 +131,22 @@ impl Metrics {
         registry
             .register(Box::new(readiness_checks.clone()))
             .unwrap_or_else(|err| panic!("readiness counter registered twice: {err}"));
+        let body_bytes_in_flight = IntGauge::new(
+            "receiver_body_bytes_in_flight",
+            "Request body bytes reserved by requests being received or stored.",
+        )
+        .unwrap_or_else(|err| panic!("body gauge is malformed: {err}"));
+        registry
+            .register(Box::new(body_bytes_in_flight.clone()))
+            .unwrap_or_else(|err| panic!("body gauge registered twice: {err}"));
+        let budget_refusals = IntCounter::new(
+            "receiver_body_budget_refusals_total",
+            "Requests answered 503 before their body was read: the body budget was spent.",
+        )
+        .unwrap_or_else(|err| panic!("budget counter is malformed: {err}"));
+        registry
+            .register(Box::new(budget_refusals.clone()))
+            .unwrap_or_else(|err| panic!("budget counter registered twice: {err}"));
         let body_mismatches = counter(
             &registry,
             "receiver_duplicate_body_mismatch_total",
@@ -146,6 +168,8 @@ impl Metrics {
             db_errors,
             statements_cancelled,
             readiness_checks,
+            body_bytes_in_flight,
+            budget_refusals,
             body_mismatches,
             verified_by_secret,
         }

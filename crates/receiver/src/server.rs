@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::builder::TypedValueParser as _;
 use inbox_core::db::DatabaseArgs;
 
+use crate::budget::BodyBudget;
 use crate::http::{self, AppState, Limits};
 use crate::ingest::{IngestMode, IngestSettings, Ingestor, DEFAULT_MAX_BATCH, DEFAULT_WRITERS};
 use crate::metrics::Metrics;
@@ -17,6 +18,12 @@ use crate::providers::Providers;
 
 /// Default body size limit: 1 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Default budget of body bytes in flight: 64 MiB, for the 512 MiB a receiver pod is given.
+pub const DEFAULT_MAX_BODY_BYTES_IN_FLIGHT: usize = 64 * 1024 * 1024;
+/// Default connection limit, over every HTTP worker.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default largest group-commit statement in body bytes.
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
 /// Default request head limit: 16 KiB, several times what any provider's headers take.
 pub const DEFAULT_MAX_HEAD_BYTES: usize = 16 * 1024;
 
@@ -54,6 +61,18 @@ pub struct ServeArgs {
     /// Largest request body accepted; larger ones are answered 413.
     #[arg(long, env = "RECEIVER_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Body bytes that requests in flight may hold together (declared lengths, reserved before
+    /// the body is read); a request that would exceed it is answered 503 with Retry-After
+    /// without reading its body. Bodies over 64 KiB may use only three quarters of it.
+    #[arg(long, env = "RECEIVER_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT)]
+    pub max_body_bytes_in_flight: usize,
+    /// Open connections accepted at once, over every HTTP worker; past it new connections
+    /// wait in the listen backlog.
+    #[arg(long, env = "RECEIVER_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// Largest group-commit statement in body bytes; a larger batch is written as several.
+    #[arg(long, env = "RECEIVER_MAX_BATCH_BYTES", default_value_t = DEFAULT_MAX_BATCH_BYTES)]
+    pub max_batch_bytes: usize,
     /// Largest request head (request line and headers) accepted; larger ones are answered 431.
     #[arg(long, env = "RECEIVER_MAX_HEAD_BYTES", default_value_t = DEFAULT_MAX_HEAD_BYTES)]
     pub max_head_bytes: usize,
@@ -112,6 +131,7 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
             mode: args.ingest_mode,
             deadline: args.db_deadline,
             max_batch: args.max_batch,
+            max_batch_bytes: args.max_batch_bytes,
             writers: args.commit_writers,
         },
         pool.clone(),
@@ -131,6 +151,10 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
         pool,
         readiness_timeout: args.db.db_connect_timeout,
         readiness: tokio::sync::Mutex::new(None),
+        budget: BodyBudget::new(
+            args.max_body_bytes_in_flight,
+            metrics.body_bytes_in_flight.clone(),
+        ),
     });
 
     let listener = TcpListener::bind(args.listen)
@@ -155,9 +179,13 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
     // is dropped, so a batch whose clients all left has its statement cancelled.
     .h1_allow_half_closed(false)
     .listen(listener)?;
-    if let Some(workers) = args.http_workers {
-        server = server.workers(workers.max(1));
-    }
+    let workers = args.http_workers.map_or_else(
+        || std::thread::available_parallelism().map_or(1, usize::from),
+        |workers| workers.max(1),
+    );
+    server = server
+        .workers(workers)
+        .max_connections(args.max_connections.div_ceil(workers).max(1));
     let server = server.run();
     let handle = server.handle();
 

@@ -135,6 +135,8 @@ pub struct IngestSettings {
     pub deadline: Duration,
     /// Most events per group-commit statement.
     pub max_batch: usize,
+    /// Most body bytes per group-commit statement (a larger batch is written as several).
+    pub max_batch_bytes: usize,
     /// Group-commit writer tasks.
     pub writers: usize,
 }
@@ -167,6 +169,7 @@ impl Ingestor {
                         Arc::clone(&receiver),
                         store.clone(),
                         settings.max_batch.max(1),
+                        settings.max_batch_bytes,
                     ));
                 }
                 Inner::GroupCommit {
@@ -231,7 +234,12 @@ impl Ingestor {
     }
 }
 
-async fn run_writer(queue: Arc<Mutex<mpsc::Receiver<Pending>>>, store: Store, max_batch: usize) {
+async fn run_writer(
+    queue: Arc<Mutex<mpsc::Receiver<Pending>>>,
+    store: Store,
+    max_batch: usize,
+    max_batch_bytes: usize,
+) {
     let mut batch: Vec<Pending> = Vec::with_capacity(max_batch);
     loop {
         {
@@ -246,22 +254,41 @@ async fn run_writer(queue: Arc<Mutex<mpsc::Receiver<Pending>>>, store: Store, ma
                 .ingest_queue
                 .sub(i64::try_from(taken).unwrap_or(i64::MAX));
         }
-        // Requests that already gave up (deadline passed, client gone) need no write.
-        let now = Instant::now();
-        batch.retain(|pending| !pending.reply.is_closed() && pending.deadline > now);
-        // Worth writing while any of its requests still waits.
-        let Some(deadline) = batch.iter().map(|pending| pending.deadline).max() else {
-            continue;
-        };
-        let (events, mut replies): (Vec<NewEvent>, Vec<Reply>) = batch
-            .drain(..)
-            .map(|pending| (pending.event, pending.reply))
-            .unzip();
-        let all_gave_up = join_all(replies.iter_mut().map(Reply::closed)).map(|_| ());
-        let answers = store.write_events(&events, deadline, all_gave_up).await;
-        for (reply, answer) in replies.into_iter().zip(answers) {
-            let _gone = reply.send(answer);
+        // Large bodies make several statements of at most `max_batch_bytes` each (one event
+        // at least), in arrival order.
+        while !batch.is_empty() {
+            let mut bytes = 0;
+            let count = batch
+                .iter()
+                .take_while(|pending| {
+                    bytes += pending.event.body.len();
+                    bytes <= max_batch_bytes
+                })
+                .count()
+                .max(1);
+            let group: Vec<Pending> = batch.drain(..count).collect();
+            write_group(&store, group).await;
         }
+    }
+}
+
+/// Writes one group of queued events and answers each of their requests.
+async fn write_group(store: &Store, mut group: Vec<Pending>) {
+    // Requests that already gave up (deadline passed, client gone) need no write.
+    let now = Instant::now();
+    group.retain(|pending| !pending.reply.is_closed() && pending.deadline > now);
+    // Worth writing while any of its requests still waits.
+    let Some(deadline) = group.iter().map(|pending| pending.deadline).max() else {
+        return;
+    };
+    let (events, mut replies): (Vec<NewEvent>, Vec<Reply>) = group
+        .into_iter()
+        .map(|pending| (pending.event, pending.reply))
+        .unzip();
+    let all_gave_up = join_all(replies.iter_mut().map(Reply::closed)).map(|_| ());
+    let answers = store.write_events(&events, deadline, all_gave_up).await;
+    for (reply, answer) in replies.into_iter().zip(answers) {
+        let _gone = reply.send(answer);
     }
 }
 

@@ -1,0 +1,141 @@
+//! The global budget of request body bytes in flight: memory stays bounded whatever arrives.
+//!
+//! A request reserves its declared `Content-Length` before a byte of its body is read (a body
+//! without one reserves chunk by chunk as it arrives); when the budget cannot cover it, the
+//! request is answered 503 with `Retry-After` at once, its body unread, so the provider
+//! retries later instead of every connection holding a megabyte. The reservation lasts until
+//! the answer, covering the body's copies on its way to the database.
+//!
+//! Large bodies leave a quarter of the budget to small ones: a flood of large uploads, signed
+//! or not, cannot turn away the small webhooks most providers send.
+
+use std::sync::Arc;
+
+use prometheus::IntGauge;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Bodies up to this size may use the whole budget; larger ones only three quarters of it.
+pub const SMALL_BODY_BYTES: usize = 64 * 1024;
+
+/// Shared by every request of the server; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct BodyBudget {
+    bytes: Arc<Semaphore>,
+    /// Kept for small bodies only.
+    headroom: usize,
+    in_flight: IntGauge,
+}
+
+/// Bytes reserved by one request, given back when dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    permit: Option<OwnedSemaphorePermit>,
+    in_flight: IntGauge,
+}
+
+impl Reservation {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.permit
+            .as_ref()
+            .map_or(0, OwnedSemaphorePermit::num_permits)
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.in_flight
+            .sub(i64::try_from(self.bytes()).unwrap_or(i64::MAX));
+    }
+}
+
+impl BodyBudget {
+    /// A budget of `total` bytes; `in_flight` follows what is reserved.
+    pub fn new(total: usize, in_flight: IntGauge) -> Self {
+        // A semaphore holds at most `Semaphore::MAX_PERMITS`.
+        let total = total.clamp(1, Semaphore::MAX_PERMITS);
+        Self {
+            bytes: Arc::new(Semaphore::new(total)),
+            headroom: total / 4,
+            in_flight,
+        }
+    }
+
+    /// An empty reservation, to grow as a body of unknown length arrives.
+    pub fn empty(&self) -> Reservation {
+        Reservation {
+            permit: None,
+            in_flight: self.in_flight.clone(),
+        }
+    }
+
+    /// Adds `bytes` to `reservation`; `false` (nothing added) when the budget cannot cover
+    /// them now.
+    pub fn grow(&self, reservation: &mut Reservation, bytes: usize) -> bool {
+        if bytes == 0 {
+            return true;
+        }
+        let total = reservation.bytes() + bytes;
+        let keep_free = if total <= SMALL_BODY_BYTES {
+            0
+        } else {
+            self.headroom
+        };
+        if self.bytes.available_permits() < bytes + keep_free {
+            return false;
+        }
+        let Ok(count) = u32::try_from(bytes) else {
+            return false;
+        };
+        let Ok(permit) = Arc::clone(&self.bytes).try_acquire_many_owned(count) else {
+            return false;
+        };
+        match &mut reservation.permit {
+            Some(held) => held.merge(permit),
+            None => reservation.permit = Some(permit),
+        }
+        self.in_flight.add(i64::try_from(bytes).unwrap_or(i64::MAX));
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(total: usize) -> BodyBudget {
+        BodyBudget::new(
+            total,
+            IntGauge::new("in_flight", "test").unwrap_or_else(|e| panic!("{e}")),
+        )
+    }
+
+    #[test]
+    fn large_bodies_leave_a_quarter_to_small_ones_and_give_bytes_back_when_done() {
+        let budget = budget(1024 * 1024);
+        let mut large = budget.empty();
+        assert!(budget.grow(&mut large, 700 * 1024));
+        let mut second_large = budget.empty();
+        assert!(
+            !budget.grow(&mut second_large, 100 * 1024),
+            "would eat into the small bodies' quarter"
+        );
+        let mut small = budget.empty();
+        assert!(budget.grow(&mut small, 60 * 1024), "small bodies still fit");
+        assert_eq!(budget.in_flight.get(), 760 * 1024);
+        drop(large);
+        assert!(budget.grow(&mut second_large, 100 * 1024));
+        assert_eq!(budget.in_flight.get(), 160 * 1024);
+    }
+
+    #[test]
+    fn a_body_growing_chunk_by_chunk_is_refused_once_it_no_longer_fits() {
+        let budget = budget(256 * 1024);
+        let mut body = budget.empty();
+        assert!(budget.grow(&mut body, 32 * 1024));
+        assert!(budget.grow(&mut body, 32 * 1024));
+        assert!(budget.grow(&mut body, 100 * 1024));
+        assert!(!budget.grow(&mut body, 100 * 1024));
+        assert_eq!(body.bytes(), 164 * 1024);
+    }
+}
