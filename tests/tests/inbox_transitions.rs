@@ -24,6 +24,7 @@ fn events(n: usize) -> Vec<NewEvent> {
             event_type: None,
             headers: serde_json::json!({}),
             body_sha256: [0; 32],
+            ordering: None,
             body: b"{}".to_vec(),
         })
         .collect()
@@ -291,6 +292,8 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
             Option<chrono::DateTime<chrono::Utc>>,
             Option<String>,
             i32,
+            Option<String>,
+            Option<i64>,
         )>(&mut conn)
         .await
         .unwrap();
@@ -348,15 +351,37 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
         .load::<(String, String, String, chrono::DateTime<chrono::Utc>)>(&mut conn)
         .await
         .unwrap();
+    inbox_core::schema::inbox_keys::table
+        .load::<(
+            String,
+            Option<i64>,
+            Option<i64>,
+            Option<chrono::DateTime<chrono::Utc>>,
+            Option<i64>,
+        )>(&mut conn)
+        .await
+        .unwrap();
+    inbox_core::schema::inbox_ordering_providers::table
+        .load::<(String, bool, bool, chrono::DateTime<chrono::Utc>)>(&mut conn)
+        .await
+        .unwrap();
+    inbox_core::schema::inbox_dead_ordering::table
+        .load::<(i64, String, i64)>(&mut conn)
+        .await
+        .unwrap();
+    inbox_core::schema::inbox_key_skips::table
+        .load::<(i64, String, i64, String, chrono::DateTime<chrono::Utc>)>(&mut conn)
+        .await
+        .unwrap();
     // And no migrated column is missing from the diesel schema.
     assert_eq!(
-        count(&mut conn, "SELECT count(*) AS n FROM information_schema.columns WHERE table_schema = 'public' AND table_name IN ('inbox_events', 'inbox_queue', 'inbox_finished', 'webhook_inbox', 'processed_events', 'demo_ledger', 'demo_payments', 'console_audit', 'inbox_paused_routes')").await,
-        8 + 9 + 6 + 16 + 3 + 5 + 7 + 8 + 4
+        count(&mut conn, "SELECT count(*) AS n FROM information_schema.columns WHERE table_schema = 'public' AND table_name IN ('inbox_events', 'inbox_queue', 'inbox_finished', 'webhook_inbox', 'processed_events', 'demo_ledger', 'demo_payments', 'console_audit', 'inbox_paused_routes', 'inbox_keys', 'inbox_ordering_providers', 'inbox_dead_ordering', 'inbox_key_skips')").await,
+        8 + 11 + 6 + 16 + 3 + 5 + 7 + 8 + 4 + 5 + 4 + 3 + 5
     );
     // Nor any table.
     assert_eq!(
         count(&mut conn, "SELECT count(*) AS n FROM information_schema.tables WHERE table_schema = 'public' AND table_name NOT LIKE '\\_\\_diesel%'").await,
-        9
+        13
     );
 }
 
@@ -412,7 +437,7 @@ async fn hand_written_hot_statements_are_prepared_once_per_connection() {
         "the completion is prepared too"
     );
     assert_eq!(
-        count(&mut conn, "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE 'WITH inserted AS ( INSERT INTO inbox_events %'").await,
+        count(&mut conn, "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE 'WITH input AS ( SELECT * FROM unnest(%'").await,
         1,
         "so is the ingest insert, whatever the batch size"
     );
@@ -453,14 +478,14 @@ async fn the_claims_generic_plan_reads_rows_by_primary_key() {
         .unwrap();
     inbox::claim_due(&mut conn, "a", LEASE, 10).await.unwrap();
     let names: Vec<StatementName> = diesel::sql_query(
-        "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'WITH claimed AS ( UPDATE inbox_queue AS queue%'",
+        "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'WITH plain AS MATERIALIZED ( SELECT ARRAY( SELECT id FROM inbox_queue %'",
     )
     .load(&mut conn)
     .await
     .unwrap();
     assert_eq!(names.len(), 1, "the claim is a prepared statement");
     let plan: Vec<PlanLine> = diesel::sql_query(format!(
-        "EXPLAIN EXECUTE {}('00000000-0000-0000-0000-000000000000', 'probe', 1000, 10)",
+        "EXPLAIN EXECUTE {}(10, 10, '00000000-0000-0000-0000-000000000000', 'probe', 1000)",
         names[0].name
     ))
     .load(&mut conn)

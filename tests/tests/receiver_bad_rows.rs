@@ -38,6 +38,7 @@ fn new_event(provider: &str, event_id: &str) -> NewEvent {
         headers: json!({}),
         body_sha256: Sha256::digest(&body).into(),
         body,
+        ordering: None,
     }
 }
 

@@ -12,7 +12,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{Array, BigInt, Double, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use crate::schema::{inbox_queue, webhook_inbox};
+use crate::schema::webhook_inbox;
 
 pub mod audit;
 pub mod browse;
@@ -238,16 +238,30 @@ pub async fn replay_candidates(
 ///
 /// The event's `processed_events` record is not touched: a dead event never committed an
 /// effect, so none exists for it.
+///
+/// A dead event of an ordered provider takes its ordering key and sequence back (kept in
+/// `inbox_dead_ordering`), and the key it blocked is unblocked in the same statement, so it
+/// runs as its key's head again.
 pub async fn replay(conn: &mut AsyncPgConnection, ids: &[i64]) -> QueryResult<usize> {
     diesel::sql_query(statuses_sql!(
         "WITH replayed AS ( \
              DELETE FROM inbox_finished WHERE id = ANY($1) AND status = {dead} \
              RETURNING id, locked_by, last_error \
+         ), ordering AS ( \
+             DELETE FROM inbox_dead_ordering WHERE id IN (SELECT id FROM replayed) \
+             RETURNING id, ordering_key, ordering_sequence \
+         ), unblocked AS ( \
+             UPDATE inbox_keys SET blocked_by = NULL, blocked_since = NULL \
+             FROM ordering \
+             WHERE inbox_keys.ordering_key = ordering.ordering_key \
+               AND inbox_keys.blocked_by = ordering.id \
          ) \
-         INSERT INTO inbox_queue (id, status, attempt, next_attempt_at, locked_by, last_error) \
-         SELECT id, {ready}, 0, now(), locked_by, \
-                'replayed by operator after: ' || coalesce(last_error, 'no error recorded') \
-         FROM replayed"
+         INSERT INTO inbox_queue (id, status, attempt, next_attempt_at, locked_by, last_error, \
+                                  ordering_key, ordering_sequence) \
+         SELECT replayed.id, {ready}, 0, now(), locked_by, \
+                'replayed by operator after: ' || coalesce(last_error, 'no error recorded'), \
+                ordering.ordering_key, ordering.ordering_sequence \
+         FROM replayed LEFT JOIN ordering USING (id)"
     ))
     .bind::<Array<BigInt>, _>(ids)
     .execute(conn)
@@ -336,15 +350,23 @@ pub async fn purge_done(
     Ok(purged)
 }
 
-/// When the next claimable ready row falls due, if any is waiting (events of paused routes
-/// are not waited for: a worker would otherwise wake for them again and again).
+/// When the next claimable ready row falls due, if any is waiting: the earlier of the
+/// unordered and the ordered rows' first due time, each read from its own index (events of
+/// paused routes are not waited for: a worker would otherwise wake for them again and again).
 pub async fn next_due(conn: &mut AsyncPgConnection) -> QueryResult<Option<DateTime<Utc>>> {
-    inbox_queue::table
-        .filter(inbox_queue::status.eq(InboxStatus::Ready))
-        .filter(diesel::dsl::sql::<diesel::sql_types::Bool>(
-            crate::inbox::pause::NOT_PAUSED_SQL,
-        ))
-        .select(diesel::dsl::min(inbox_queue::next_attempt_at))
-        .get_result(conn)
-        .await
+    #[derive(QueryableByName)]
+    struct NextDue {
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Timestamptz>)]
+        due: Option<DateTime<Utc>>,
+    }
+    let next: NextDue = diesel::sql_query(statuses_sql!(
+        "SELECT least( \
+             (SELECT min(next_attempt_at) FROM inbox_queue \
+              WHERE status = {ready} AND ordering_key IS NULL AND {not_paused}), \
+             (SELECT min(next_attempt_at) FROM inbox_queue \
+              WHERE status = {ready} AND ordering_key IS NOT NULL AND {not_paused})) AS due"
+    ))
+    .get_result(conn)
+    .await?;
+    Ok(next.due)
 }

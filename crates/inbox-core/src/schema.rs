@@ -29,6 +29,8 @@ diesel::table! {
         locked_until -> Nullable<Timestamptz>,
         last_error -> Nullable<Text>,
         rescues -> Int4,
+        ordering_key -> Nullable<Text>,
+        ordering_sequence -> Nullable<Int8>,
     }
 }
 
@@ -41,6 +43,47 @@ diesel::table! {
         locked_by -> Nullable<Text>,
         last_error -> Nullable<Text>,
         processed_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    /// One row per ordering key ever claimed: its holder, its dead head, its high-water mark.
+    inbox_keys (ordering_key) {
+        ordering_key -> Text,
+        holder -> Nullable<Int8>,
+        blocked_by -> Nullable<Int8>,
+        blocked_since -> Nullable<Timestamptz>,
+        processed_sequence -> Nullable<Int8>,
+    }
+}
+
+diesel::table! {
+    /// Per ordered provider: what a dead head and a late arrival do.
+    inbox_ordering_providers (provider) {
+        provider -> Text,
+        release_dead -> Bool,
+        skip_stale -> Bool,
+        updated_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    /// The ordering of dead ordered events, for replays and `worker show`.
+    inbox_dead_ordering (id) {
+        id -> Int8,
+        ordering_key -> Text,
+        ordering_sequence -> Int8,
+    }
+}
+
+diesel::table! {
+    /// Every skip of a blocked key's dead head, with its reason.
+    inbox_key_skips (id) {
+        id -> Int8,
+        ordering_key -> Text,
+        event_row_id -> Int8,
+        reason -> Text,
+        skipped_at -> Timestamptz,
     }
 }
 
@@ -125,6 +168,10 @@ diesel::allow_tables_to_appear_in_same_query!(
     inbox_events,
     inbox_queue,
     inbox_finished,
+    inbox_keys,
+    inbox_ordering_providers,
+    inbox_dead_ordering,
+    inbox_key_skips,
     webhook_inbox,
     processed_events,
     demo_ledger,

@@ -9,7 +9,7 @@ use inbox_signature::{Ack, HandshakeReply};
 use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
-use crate::http::AppState;
+use crate::http::{AppState, RequestHeaders};
 use crate::identify::Identified;
 use crate::providers::Provider;
 
@@ -69,12 +69,16 @@ pub async fn store_all(
     let deadline = state.ingestor.deadline_from_now();
     let rows = events.into_iter().map(|event| {
         let body = event.body.unwrap_or_else(|| body.to_vec());
+        let ordering = provider.ordering.as_ref().and_then(|ordering| {
+            ordering.of_event(&provider.name, &RequestHeaders(headers), &body)
+        });
         NewEvent {
             provider: provider.name.clone(),
             event_id: event.event_id,
             event_type: event.event_type,
             headers: kept.clone(),
             body_sha256: Sha256::digest(&body).into(),
+            ordering,
             body,
         }
     });

@@ -83,7 +83,8 @@ pub fn configure_metrics(cfg: &mut web::ServiceConfig) {
     cfg.route("/metrics", web::get().to(metrics));
 }
 
-struct RequestHeaders<'a>(&'a HeaderMap);
+/// A request's headers, as the signature schemes and the ordering read them.
+pub(crate) struct RequestHeaders<'a>(pub(crate) &'a HeaderMap);
 
 impl HeaderSource for RequestHeaders<'_> {
     fn header(&self, name: &str) -> Option<&str> {

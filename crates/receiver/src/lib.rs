@@ -17,5 +17,6 @@ pub mod ingest;
 pub mod json_field;
 pub mod metrics;
 pub mod notifier;
+pub mod ordering;
 pub mod providers;
 pub mod server;

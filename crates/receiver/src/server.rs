@@ -126,6 +126,7 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
         .db
         .connection_settings()
         .context("reading the database settings")?;
+    record_ordering_policies(&pool, &providers).await;
     let ingestor = Ingestor::start(
         &IngestSettings {
             mode: args.ingest_mode,
@@ -209,4 +210,20 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
         server: tokio::spawn(server),
         metrics_server: tokio::spawn(metrics_server),
     })
+}
+
+/// Writes the ordered providers' policies for the workers. A receiver that cannot reach the
+/// database yet still starts (it answers 503 until it can); the policies stay as the last
+/// receiver wrote them, or the defaults.
+async fn record_ordering_policies(pool: &inbox_core::db::PgPool, providers: &Providers) {
+    let result = async {
+        let mut conn = pool.get().await.map_err(|err| err.to_string())?;
+        crate::ordering::record_policies(&mut conn, providers)
+            .await
+            .map_err(|err| err.to_string())
+    }
+    .await;
+    if let Err(err) = result {
+        tracing::warn!(error = %err, "recording the ordered providers' policies failed");
+    }
 }

@@ -301,6 +301,9 @@ mod tests {
             body: b"{}".to_vec(),
             attempt: 1,
             received_at: chrono::Utc::now(),
+            ordering_key: None,
+            sequence: None,
+            stale: false,
         };
         let headers = Forward::headers(&event);
         assert_eq!(

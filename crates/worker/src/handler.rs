@@ -32,6 +32,15 @@ pub struct Event {
     pub attempt: i32,
     /// When the receiver committed the event.
     pub received_at: DateTime<Utc>,
+    /// Its ordering key (`provider:value`), when its provider orders events: no other event
+    /// of the key runs while this one does, and the key's events come in sequence order.
+    pub ordering_key: Option<String>,
+    /// Its provider's sequence within the key (0 when the provider has none).
+    pub sequence: Option<i64>,
+    /// A late arrival: an event of the same key with a higher sequence is already done, so
+    /// this one may describe an older state than the one applied. Only ordered providers
+    /// mark events stale (those that skip late arrivals never hand them over).
+    pub stale: bool,
 }
 
 impl From<ClaimedEvent> for Event {
@@ -45,6 +54,9 @@ impl From<ClaimedEvent> for Event {
             body: row.body,
             attempt: row.attempt,
             received_at: row.received_at,
+            ordering_key: row.ordering_key,
+            sequence: row.ordering_sequence,
+            stale: row.stale,
         }
     }
 }

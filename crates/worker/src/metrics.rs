@@ -22,6 +22,10 @@ pub struct Metrics {
     pub savepoint_reruns: IntCounter,
     /// `inbox_worker_rescued_total{to}`: expired leases returned to ready or dead-lettered.
     pub rescued: IntCounterVec,
+    /// `inbox_worker_stale_events_total{provider,handling}`: late arrivals of ordered providers
+    /// (an event of their key with a higher sequence was already done), handed to their
+    /// handler marked stale (`marked`) or completed without it (`skipped`).
+    pub stale: IntCounterVec,
     /// `inbox_worker_route_slot_waits`: events waiting for a slot of their route's
     /// `max_in_flight`, holding no database connection meanwhile.
     pub route_slot_waits: IntGauge,
@@ -92,6 +96,14 @@ impl Metrics {
             &["to"],
         )
         .unwrap_or_else(|err| panic!("{err}"));
+        let stale = IntCounterVec::new(
+            Opts::new(
+                "worker_stale_events_total",
+                "Late arrivals of ordered providers (a later event of their key was already done), marked or skipped.",
+            ),
+            &["provider", "handling"],
+        )
+        .unwrap_or_else(|err| panic!("{err}"));
         let gauge = |name: &str, help: &str| {
             register(
                 &registry,
@@ -135,6 +147,7 @@ impl Metrics {
             lease_lost: register(&registry, lease_lost),
             savepoint_reruns: register(&registry, savepoint_reruns),
             rescued: register(&registry, rescued),
+            stale: register(&registry, stale),
             registry,
         }
     }

@@ -19,6 +19,7 @@ fn event(n: usize, event_type: &str) -> NewEvent {
         event_type: Some(event_type.into()),
         headers: serde_json::json!({"content-type": "application/json"}),
         body_sha256: [0; 32],
+        ordering: None,
         body,
     }
 }

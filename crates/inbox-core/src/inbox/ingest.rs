@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use diesel::prelude::*;
-use diesel::sql_types::{Array, Bytea, Jsonb, Nullable, Text};
+use diesel::sql_types::{Array, BigInt, Bytea, Jsonb, Nullable, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use crate::prepared::{bind, cached_sql};
@@ -24,6 +24,26 @@ pub struct NewEvent {
     pub body: Vec<u8>,
     /// SHA-256 of `body`.
     pub body_sha256: [u8; 32],
+    /// Its place among its key's events, when its provider orders them.
+    pub ordering: Option<EventOrdering>,
+}
+
+/// Where an event of an ordered provider stands among the events of its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventOrdering {
+    /// The ordering key, scoped by provider: `provider:value` (see [`ordering_key`]).
+    pub key: String,
+    /// The provider's sequence (a timestamp or version); 0 when the provider has none, so
+    /// arrival order decides.
+    pub sequence: i64,
+    /// How long after receipt the event waits before it may be claimed (the provider's
+    /// reorder window), so that an earlier event still in flight can slot in before it.
+    pub hold: std::time::Duration,
+}
+
+/// The stored ordering key of `value` for `provider`: provider names never contain `:`.
+pub fn ordering_key(provider: &str, value: &str) -> String {
+    format!("{provider}:{value}")
 }
 
 /// What storing one event did.
@@ -99,18 +119,38 @@ pub async fn insert_events(
         .iter()
         .map(|&i| events[i].body_sha256.as_slice())
         .collect();
+    let ordering: Vec<Option<&EventOrdering>> = unique
+        .iter()
+        .map(|&i| events[i].ordering.as_ref())
+        .collect();
+    let ordering_keys: Vec<Option<&str>> =
+        ordering.iter().map(|o| o.map(|o| o.key.as_str())).collect();
+    let sequences: Vec<Option<i64>> = ordering.iter().map(|o| o.map(|o| o.sequence)).collect();
+    let holds: Vec<i64> = ordering
+        .iter()
+        .map(|o| o.map_or(0, |o| super::duration_millis(o.hold)))
+        .collect();
 
     // Prepared once per connection: its plan (a function scan feeding the insert) is the same
     // whatever the arrays' sizes, so the generic plan PostgreSQL settles on is the right one.
-    // The journal row and its queue row (ready, due now) in the same statement.
+    // The journal row and its queue row (ready, due now, or after its reorder window; with
+    // its ordering key and sequence, if any) in the same statement.
     let inserted: Vec<InsertedKey> = cached_sql(
-        "WITH inserted AS ( \
+        "WITH input AS ( \
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::bytea[], \
+                                  $6::bytea[], $7::text[], $8::bigint[], $9::bigint[]) \
+                 AS input(provider, event_id, event_type, headers, body, body_sha256, \
+                          ordering_key, ordering_sequence, hold_ms) \
+         ), inserted AS ( \
              INSERT INTO inbox_events (provider, event_id, event_type, headers, body, body_sha256) \
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::bytea[], $6::bytea[]) \
+             SELECT provider, event_id, event_type, headers, body, body_sha256 FROM input \
              ON CONFLICT (provider, event_id) DO NOTHING \
              RETURNING id, provider, event_id \
          ), queued AS ( \
-             INSERT INTO inbox_queue (id) SELECT id FROM inserted \
+             INSERT INTO inbox_queue (id, ordering_key, ordering_sequence, next_attempt_at) \
+             SELECT inserted.id, input.ordering_key, input.ordering_sequence, \
+                    now() + input.hold_ms * interval '1 millisecond' \
+             FROM inserted JOIN input USING (provider, event_id) \
          ) \
          SELECT provider, event_id FROM inserted",
         (
@@ -120,6 +160,9 @@ pub async fn insert_events(
             bind::<Array<Jsonb>, _>(&headers),
             bind::<Array<Bytea>, _>(&bodies),
             bind::<Array<Bytea>, _>(&hashes),
+            bind::<Array<Nullable<Text>>, _>(&ordering_keys),
+            bind::<Array<Nullable<BigInt>>, _>(&sequences),
+            bind::<Array<BigInt>, _>(&holds),
         ),
     )
     .load(conn)

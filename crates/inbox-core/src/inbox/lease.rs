@@ -47,6 +47,18 @@ pub struct ClaimedEvent {
     pub body: Vec<u8>,
     /// Attempts begun, including this one.
     pub attempt: i32,
+    /// Its ordering key (`provider:value`), when its provider orders events.
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    pub ordering_key: Option<String>,
+    /// Its sequence within its key (0 when the provider has none).
+    #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
+    pub ordering_sequence: Option<i64>,
+    /// A late arrival: an event of its key with a higher sequence is already done.
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    pub stale: bool,
+    /// Its provider completes late arrivals as skipped instead of handing them over.
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    pub skip_stale: bool,
 }
 
 /// A set of events claimed together under one lease token.
@@ -62,11 +74,22 @@ pub struct Claim {
 /// lease: `status = processing`, `attempt + 1`, `locked_until = now() + lease`; each with its
 /// journal columns, read (not written) from `inbox_events` by primary key.
 ///
-/// Locks: the queue rows are selected `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
-/// wait on each other nor take the same row; the locks end when the statement's transaction
-/// commits, right away. The lease, not a row lock, protects the row while the handler runs.
+/// Unordered rows (no ordering key) are taken first, oldest due first, as they come. Ordered
+/// rows fill the rest of the limit, each only if it is its key's head (the lowest
+/// `(ordering_sequence, id)` of the key's rows in the queue, whatever their state) and its
+/// key is free: the claim takes the key by setting `inbox_keys.holder` under that row's lock,
+/// on the row's latest version (`ON CONFLICT DO UPDATE ... WHERE holder IS NULL`), so two
+/// claims of one key serialise there even when their snapshots disagree, and a key with an
+/// event in processing or a dead head blocking it is not claimed at all. The key is freed
+/// by the trigger of migration 8 when its event leaves processing, by any transition. The
+/// unique index `inbox_queue_one_processing_per_key` holds the guarantee in any case.
 ///
-/// The due ids are collected into an array first, evaluated once, and the rows updated by
+/// Locks: the queue rows are selected `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
+/// wait on each other nor take the same row; the key rows of the ordered heads are locked
+/// (waited on, in key order) until the statement commits, right away. The lease, not a row
+/// lock, protects the row while the handler runs.
+///
+/// The due ids are collected into arrays first, evaluated once, and the rows updated by
 /// primary key. Joined to a subquery (or to a materialized CTE) instead, the statement has a
 /// generic plan that scans the whole table, because the planner cannot see the `LIMIT`:
 /// should PostgreSQL switch the prepared statement to that plan, claims would slow down as
@@ -80,23 +103,51 @@ pub async fn claim_due(
     let lease_token = Uuid::new_v4();
     let events = cached_sql(
         statuses_sql!(
-            "WITH claimed AS ( \
-                 UPDATE inbox_queue AS queue \
-                 SET status = {processing}, attempt = queue.attempt + 1, lease_token = $1, \
-                     locked_by = $2, locked_until = now() + $3 * interval '1 millisecond' \
-                 WHERE queue.id = ANY(ARRAY( \
+            "WITH plain AS MATERIALIZED ( \
+                 SELECT ARRAY( \
                      SELECT id FROM inbox_queue \
-                     WHERE status = {ready} AND next_attempt_at <= now() \
+                     WHERE status = {ready} AND ordering_key IS NULL AND next_attempt_at <= now() \
                        AND {not_paused} \
                      ORDER BY next_attempt_at \
                      LIMIT $4 \
                      FOR UPDATE SKIP LOCKED \
-                 )) \
-                 RETURNING queue.id, queue.attempt, queue.next_attempt_at \
+                 ) AS ids \
+             ), heads AS MATERIALIZED ( \
+                 SELECT inbox_queue.id, inbox_queue.ordering_key FROM inbox_queue \
+                 WHERE inbox_queue.status = {ready} AND inbox_queue.ordering_key IS NOT NULL \
+                   AND inbox_queue.next_attempt_at <= now() \
+                   AND NOT EXISTS ( \
+                       SELECT 1 FROM inbox_queue AS earlier \
+                       WHERE earlier.ordering_key = inbox_queue.ordering_key \
+                         AND (earlier.ordering_sequence, earlier.id) \
+                             < (inbox_queue.ordering_sequence, inbox_queue.id)) \
+                   AND {not_paused} \
+                 ORDER BY inbox_queue.next_attempt_at \
+                 LIMIT greatest($4 - cardinality((SELECT ids FROM plain)), 0) \
+                 FOR UPDATE OF inbox_queue SKIP LOCKED \
+             ), keyed AS ( \
+                 INSERT INTO inbox_keys AS key (ordering_key, holder) \
+                 SELECT ordering_key, id FROM heads ORDER BY ordering_key \
+                 ON CONFLICT (ordering_key) DO UPDATE SET holder = excluded.holder \
+                 WHERE key.holder IS NULL AND key.blocked_by IS NULL \
+                 RETURNING key.holder AS id, key.processed_sequence \
+             ), claimed AS ( \
+                 UPDATE inbox_queue AS queue \
+                 SET status = {processing}, attempt = queue.attempt + 1, lease_token = $1, \
+                     locked_by = $2, locked_until = now() + $3 * interval '1 millisecond' \
+                 WHERE queue.id = ANY((SELECT ids FROM plain) || ARRAY(SELECT id FROM keyed)) \
+                 RETURNING queue.id, queue.attempt, queue.next_attempt_at, queue.ordering_key, \
+                           queue.ordering_sequence \
              ) \
              SELECT event.id, event.provider, event.event_id, event.event_type, \
-                    event.received_at, event.headers, event.body, claimed.attempt \
+                    event.received_at, event.headers, event.body, claimed.attempt, \
+                    claimed.ordering_key, claimed.ordering_sequence, \
+                    coalesce(claimed.ordering_sequence < keyed.processed_sequence, false) AS stale, \
+                    coalesce(policy.skip_stale, false) AS skip_stale \
              FROM claimed JOIN inbox_events AS event ON event.id = claimed.id \
+             LEFT JOIN keyed ON keyed.id = claimed.id \
+             LEFT JOIN inbox_ordering_providers AS policy \
+                 ON claimed.ordering_key IS NOT NULL AND policy.provider = event.provider \
              ORDER BY claimed.next_attempt_at, event.id"
         ),
         (

@@ -8,7 +8,9 @@ pub mod ingest;
 pub mod lease;
 pub mod pause;
 
-pub use ingest::{insert_events, notify_new_events, InsertOutcome, NewEvent};
+pub use ingest::{
+    insert_events, notify_new_events, ordering_key, EventOrdering, InsertOutcome, NewEvent,
+};
 pub use lease::{
     claim_due, complete, complete_all, dead_letter, extend_lease, extend_leases, release_unstarted,
     rescue_expired, schedule_retry, Claim, ClaimedEvent, Rescued, TransitionError, RESCUE_REASON,

@@ -34,6 +34,19 @@ the dedup key. Names: 1-64 characters of a-z, 0-9, '-' and '_'.
   form_event_id_field = "trigger_id"
                              slack: the form field that keys form-encoded bodies (slash commands)
 
+  [providers.<name>.ordering]      opt-in: one event at a time per key, in sequence order
+  key = { json_pointer = "/data/object/id" } | { header = "X-Entity" }
+                             the ordering key; an event without one is processed unordered
+  sequence = { json_pointer = "/created" }   optional: an integer (version, Unix time) or an
+                             RFC 3339 time; within a key, lower first (missing: 0); without
+                             it, arrival order
+  reorder_window = "2s"      optional: each event waits this long after receipt, so an earlier
+                             one still in flight can slot in before it (default 0, at most 1h)
+  on_stale = "mark" | "skip" a late arrival (lower sequence than one of its key already done):
+                             handed over with Event::stale set, or completed unhandled
+  on_dead = "block" | "release"   a dead head keeps its key blocked until `worker replay` or
+                             `worker skip`, or frees it for the key's next event
+
   Scheme "template" (an unlisted HMAC provider, described here; needs event_id):
   signature_header = "X-Signature"
   signed = "{timestamp}.{body}"     parts {method} {url} {timestamp} {id} {body}; default {body}

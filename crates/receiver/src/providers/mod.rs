@@ -162,6 +162,8 @@ pub struct Provider {
     pub drop_headers: Vec<String>,
     /// When set, only these (lower-case) headers are stored.
     pub keep_headers: Option<Vec<String>>,
+    /// When set, its events are processed one at a time per key, in sequence order.
+    pub ordering: Option<crate::ordering::OrderingSpec>,
 }
 
 /// Every configured provider, by name.

@@ -66,6 +66,7 @@ pub(super) struct ProviderSpec {
     #[serde(default)]
     drop_headers: Vec<String>,
     keep_headers: Option<Vec<String>>,
+    ordering: Option<crate::ordering::OrderingSpec>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -115,6 +116,9 @@ pub(super) fn build_provider(
     let public_url = check_public_url(spec.public_url.as_deref()).map_err(&fail)?;
     let (keys, key_names) = keys(&spec, scheme.as_ref(), path, env).map_err(&fail)?;
     let profile = scheme.profile();
+    if let Some(ordering) = &spec.ordering {
+        ordering.validate().map_err(&fail)?;
+    }
     Ok(Provider {
         name: name.to_owned(),
         ack: spec.answer.clone().map_or(profile.ack.clone(), Ack::Text),
@@ -127,6 +131,7 @@ pub(super) fn build_provider(
         public_url,
         drop_headers: lowercase(&spec.drop_headers),
         keep_headers: spec.keep_headers.as_deref().map(lowercase),
+        ordering: spec.ordering,
     })
 }
 

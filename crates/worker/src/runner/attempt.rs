@@ -39,6 +39,10 @@ impl Worker {
                 Err(AttemptError::Worker(WorkerError::LeaseLost))
             }
         };
+        let ordered = batch
+            .events()
+            .iter()
+            .any(|event| event.ordering_key.is_some());
         let elapsed = started.elapsed().as_secs_f64() / batch.len() as f64;
         for event in batch.events() {
             self.metrics
@@ -61,6 +65,11 @@ impl Worker {
                 self.release(&batch.ids(), token).await;
             }
             Err(err) => self.isolate_or_settle(batch, token, err).await,
+        }
+        // Their keys are free again: this worker's idle claim loops look for the keys' next
+        // events at once (other replicas at their next claim or poll).
+        if ordered {
+            self.wake.notify_waiters();
         }
     }
 

@@ -80,18 +80,29 @@ impl Batch {
 }
 
 /// Splits claimed rows into batches: events no route matches form one batch (they need no
-/// more than their completion); events of batchable handlers share batches of up to
-/// `transaction_size`; every other event is alone.
+/// more than their completion), with the late arrivals of providers that skip them; events
+/// of batchable handlers share batches of up to `transaction_size`; every other event is
+/// alone. `on_stale` sees each late arrival, and whether it is skipped.
 pub(super) fn batches(
     router: &Router,
     rows: Vec<ClaimedEvent>,
     transaction_size: usize,
+    mut on_stale: impl FnMut(&str, bool),
 ) -> Vec<Batch> {
     let size = transaction_size.max(1);
     let mut batches = Vec::new();
     let mut unrouted: Vec<Event> = Vec::new();
     let mut shared: Vec<Routed> = Vec::with_capacity(size);
-    for event in rows.into_iter().map(Event::from) {
+    for row in rows {
+        let skipped = row.stale && row.skip_stale;
+        if row.stale {
+            on_stale(&row.provider, skipped);
+        }
+        let event = Event::from(row);
+        if skipped {
+            unrouted.push(event);
+            continue;
+        }
         let Some(route) = router.route_for(&event.provider, event.event_type.as_deref()) else {
             unrouted.push(event);
             continue;
@@ -158,6 +169,10 @@ mod tests {
             headers: serde_json::json!({}),
             body: Vec::new(),
             attempt: 1,
+            ordering_key: None,
+            ordering_sequence: None,
+            stale: false,
+            skip_stale: false,
         }
     }
 
@@ -175,7 +190,7 @@ mod tests {
             row(6, "net"),
             row(7, "none"),
         ];
-        let shapes: Vec<(bool, Vec<i64>)> = batches(&router, rows, 2)
+        let shapes: Vec<(bool, Vec<i64>)> = batches(&router, rows, 2, |_, _| {})
             .iter()
             .map(|batch| (matches!(batch, Batch::Routed(_)), batch.ids()))
             .collect();

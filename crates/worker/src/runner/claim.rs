@@ -71,7 +71,20 @@ impl Worker {
                 self.release(&ids, token).await;
                 break;
             }
-            for batch in batches(&self.router, claimed.events, self.settings.transaction_size) {
+            let on_stale = |provider: &str, skipped: bool| {
+                let handling = if skipped { "skipped" } else { "marked" };
+                self.metrics
+                    .stale
+                    .with_label_values(&[provider, handling])
+                    .inc();
+            };
+            let batches = batches(
+                &self.router,
+                claimed.events,
+                self.settings.transaction_size,
+                on_stale,
+            );
+            for batch in batches {
                 // Free unless a claim's unrouted events and its shared ones took one slot
                 // more than their count: then the last batch waits for the first to finish.
                 let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {

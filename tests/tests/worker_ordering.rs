@@ -1,0 +1,551 @@
+//! Ordered processing per key: at most one event of a key in processing across every worker,
+//! the key's events in sequence order (the reorder window lets an earlier one slot in), late
+//! arrivals handed over marked stale.
+#![allow(clippy::unwrap_used)] // a test stops at the first failed step
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use diesel_async::AsyncPgConnection;
+use inbox_core::inbox::{insert_events, ordering_key, EventOrdering, NewEvent};
+use inbox_tests::*;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use test_db::TestDatabase;
+use worker::{Event, Handled, Handler, HandlerError, Router};
+
+const PROVIDER: &str = "ordered";
+
+fn ordered_event(key: &str, sequence: i64, hold: Duration) -> NewEvent {
+    let event_id = format!("{key}-{sequence}");
+    NewEvent {
+        provider: PROVIDER.into(),
+        body: format!(r#"{{"id":"{event_id}","object":"{key}","seq":{sequence}}}"#).into_bytes(),
+        event_id,
+        event_type: Some("thing.updated".into()),
+        headers: serde_json::json!({}),
+        body_sha256: [0; 32],
+        ordering: Some(EventOrdering {
+            key: ordering_key(PROVIDER, key),
+            sequence,
+            hold,
+        }),
+    }
+}
+
+/// What the handler saw of one event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    event_id: String,
+    sequence: i64,
+    stale: bool,
+}
+
+/// Records per key what it handles, and counts every time it found another event of the same
+/// key already running when one started.
+#[derive(Default)]
+struct Recorder {
+    running: Mutex<HashMap<String, usize>>,
+    overlaps: AtomicUsize,
+    seen: Mutex<HashMap<String, Vec<Seen>>>,
+}
+
+impl Recorder {
+    fn seen(&self, key: &str) -> Vec<Seen> {
+        self.seen
+            .lock()
+            .unwrap()
+            .get(&ordering_key(PROVIDER, key))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+#[async_trait]
+impl Handler for Recorder {
+    async fn handle(
+        &self,
+        event: &Event,
+        _: &mut AsyncPgConnection,
+    ) -> Result<Handled, HandlerError> {
+        let key = event.ordering_key.clone().unwrap();
+        {
+            let mut running = self.running.lock().unwrap();
+            let count = running.entry(key.clone()).or_default();
+            if *count > 0 {
+                self.overlaps.fetch_add(1, Ordering::SeqCst);
+            }
+            *count += 1;
+        }
+        // Long enough for another worker to claim the key's next event, were it allowed to.
+        tokio::task::yield_now().await;
+        self.seen
+            .lock()
+            .unwrap()
+            .entry(key.clone())
+            .or_default()
+            .push(Seen {
+                event_id: event.event_id.clone(),
+                sequence: event.sequence.unwrap(),
+                stale: event.stale,
+            });
+        *self.running.lock().unwrap().get_mut(&key).unwrap() -= 1;
+        Ok(Handled::Applied)
+    }
+
+    fn batchable(&self) -> bool {
+        true
+    }
+}
+
+/// Checks one key's history: each event handled has a sequence above every one handled
+/// before it, or is marked stale and below; a run again (a rolled-back attempt) is skipped.
+fn check_order(key: &str, seen: &[Seen]) -> usize {
+    let mut highest = i64::MIN;
+    let mut stale = 0;
+    let mut previous: Option<&str> = None;
+    for event in seen {
+        if previous == Some(event.event_id.as_str()) {
+            continue;
+        }
+        previous = Some(event.event_id.as_str());
+        if event.stale {
+            assert!(
+                event.sequence < highest,
+                "key {key}: {event:?} marked stale after at most {highest}: {seen:?}"
+            );
+            stale += 1;
+        } else {
+            assert!(
+                event.sequence > highest,
+                "key {key}: {event:?} handled after {highest} and not marked stale: {seen:?}"
+            );
+            highest = event.sequence;
+        }
+    }
+    stale
+}
+
+async fn deliver_concurrently(db: &TestDatabase, events: Vec<NewEvent>, tasks: usize) {
+    let chunk = events.len().div_ceil(tasks);
+    let mut senders = tokio::task::JoinSet::new();
+    for part in events.chunks(chunk) {
+        let part = part.to_vec();
+        let mut conn = db.connect().await;
+        senders.spawn(async move {
+            for batch in part.chunks(50) {
+                insert_events(&mut conn, batch).await.unwrap();
+            }
+        });
+    }
+    while let Some(result) = senders.join_next().await {
+        result.unwrap();
+    }
+}
+
+fn start_workers(db: &TestDatabase, recorder: &Arc<Recorder>, count: usize) -> Vec<RunningWorker> {
+    (0..count)
+        .map(|n| {
+            let router = Router::new().route(None, None, Arc::clone(recorder) as Arc<dyn Handler>);
+            RunningWorker::start(db, router, worker_settings(&format!("w{n}")))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_workers_handle_each_key_one_event_at_a_time_in_sequence_order_and_mark_late_ones() {
+    const KEYS: usize = 500;
+    const PER_KEY: i64 = 20;
+    // One event of each key comes late, after everything else of its key is done.
+    const LATE: i64 = 10;
+    let db = TestDatabase::new().await;
+    let recorder = Arc::new(Recorder::default());
+    let workers = start_workers(&db, &recorder, 4);
+
+    let mut rng = StdRng::seed_from_u64(14);
+    let hold = Duration::from_millis(500);
+    let mut first_wave: Vec<NewEvent> = (0..KEYS)
+        .flat_map(|key| {
+            (1..=PER_KEY)
+                .filter(|&sequence| sequence != LATE)
+                .map(move |sequence| ordered_event(&format!("k{key}"), sequence, hold))
+        })
+        .collect();
+    // Providers redeliver: copies of a tenth of the events, sent concurrently with them.
+    let copies: Vec<NewEvent> = (0..first_wave.len() / 10)
+        .map(|_| first_wave[rng.random_range(0..first_wave.len())].clone())
+        .collect();
+    first_wave.extend(copies);
+    first_wave.shuffle(&mut rng);
+    deliver_concurrently(&db, first_wave, 8).await;
+
+    let mut conn = db.connect().await;
+    let first_wave_events = KEYS as i64 * (PER_KEY - 1);
+    wait_for_count(
+        &mut conn,
+        "the first wave is done",
+        "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
+        first_wave_events,
+        Duration::from_secs(120),
+    )
+    .await;
+    let late: Vec<NewEvent> = (0..KEYS)
+        .map(|key| ordered_event(&format!("k{key}"), LATE, Duration::ZERO))
+        .collect();
+    deliver_concurrently(&db, late, 4).await;
+    wait_for_count(
+        &mut conn,
+        "every event is done",
+        "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
+        KEYS as i64 * PER_KEY,
+        Duration::from_secs(60),
+    )
+    .await;
+    for worker in workers {
+        worker.stop().await;
+    }
+
+    assert_eq!(
+        recorder.overlaps.load(Ordering::SeqCst),
+        0,
+        "two events of a key ran at once"
+    );
+    let mut stale = 0;
+    for key in 0..KEYS {
+        let key = format!("k{key}");
+        let seen = recorder.seen(&key);
+        let mut handled: Vec<&str> = seen.iter().map(|s| s.event_id.as_str()).collect();
+        handled.sort_unstable();
+        handled.dedup();
+        assert_eq!(handled.len(), PER_KEY as usize, "key {key}: {seen:?}");
+        stale += check_order(&key, &seen);
+        let last = seen.last().unwrap();
+        assert_eq!(
+            (last.sequence, last.stale),
+            (LATE, true),
+            "key {key}: the late event is handled last, marked stale"
+        );
+    }
+    assert!(stale >= KEYS, "at least every late event is stale: {stale}");
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM inbox_queue").await,
+        0
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM inbox_keys WHERE holder IS NULL AND processed_sequence = 20"
+        )
+        .await,
+        KEYS as i64,
+        "every key is free, its high-water mark the highest sequence"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reorder_window_lets_an_earlier_event_received_later_run_first() {
+    let db = TestDatabase::new().await;
+    let recorder = Arc::new(Recorder::default());
+    let workers = start_workers(&db, &recorder, 1);
+    let mut conn = db.connect().await;
+    let window = Duration::from_secs(1);
+    insert_events(&mut conn, &[ordered_event("pi_1", 2, window)])
+        .await
+        .unwrap();
+    // The earlier event arrives late, but within the window of the first.
+    insert_events(&mut conn, &[ordered_event("pi_1", 1, window)])
+        .await
+        .unwrap();
+    wait_for_count(
+        &mut conn,
+        "both are done",
+        "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
+        2,
+        Duration::from_secs(20),
+    )
+    .await;
+    for worker in workers {
+        worker.stop().await;
+    }
+    let seen: Vec<(i64, bool)> = recorder
+        .seen("pi_1")
+        .iter()
+        .map(|s| (s.sequence, s.stale))
+        .collect();
+    assert_eq!(seen, [(1, false), (2, false)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_skips_late_arrivals_completes_them_without_its_handler() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    diesel_async::RunQueryDsl::execute(
+        diesel::sql_query(
+            "INSERT INTO inbox_ordering_providers (provider, skip_stale) VALUES ('ordered', true)",
+        ),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let workers = start_workers(&db, &recorder, 1);
+    insert_events(&mut conn, &[ordered_event("pi_1", 5, Duration::ZERO)])
+        .await
+        .unwrap();
+    wait_for_count(
+        &mut conn,
+        "the first is done",
+        "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
+        1,
+        Duration::from_secs(20),
+    )
+    .await;
+    insert_events(&mut conn, &[ordered_event("pi_1", 4, Duration::ZERO)])
+        .await
+        .unwrap();
+    wait_for_count(
+        &mut conn,
+        "the late one is completed",
+        "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
+        2,
+        Duration::from_secs(20),
+    )
+    .await;
+    let metrics = String::from_utf8(workers[0].metrics.render()).unwrap();
+    for worker in workers {
+        worker.stop().await;
+    }
+    assert_eq!(
+        recorder.seen("pi_1"),
+        [Seen {
+            event_id: "pi_1-5".into(),
+            sequence: 5,
+            stale: false
+        }]
+    );
+    assert_eq!(
+        metric_value(
+            &metrics,
+            r#"inbox_worker_stale_events_total{handling="skipped",provider="ordered"}"#
+        ),
+        Some(1.0)
+    );
+}
+
+const ORDERED_PROVIDERS: &str = r#"
+[providers.ordered]
+scheme = "hmac-sha256"
+signature_header = "X-Signature"
+encoding = "hex"
+prefix = "sha256="
+event_id = { json_pointer = "/id" }
+event_type = { json_pointer = "/type" }
+secrets = [{ env = "DEMO_SECRET", name = "current" }]
+
+[providers.ordered.ordering]
+key = { json_pointer = "/data/object/id" }
+sequence = { json_pointer = "/created" }
+reorder_window = "300ms"
+on_stale = "skip"
+on_dead = "release"
+
+[providers.demo]
+scheme = "hmac-sha256"
+signature_header = "X-Signature"
+encoding = "hex"
+prefix = "sha256="
+event_id = { json_pointer = "/id" }
+secrets = [{ env = "DEMO_SECRET", name = "current" }]
+"#;
+
+#[derive(diesel::QueryableByName, Debug, PartialEq)]
+struct QueuedOrdering {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    event_id: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    ordering_key: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    ordering_sequence: Option<i64>,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    held: bool,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_receiver_stores_an_ordered_providers_key_sequence_and_window_and_its_policies() {
+    let db = TestDatabase::new().await;
+    let receiver = TestReceiver::start(
+        serve_args(&db, receiver::ingest::IngestMode::GroupCommit),
+        providers(ORDERED_PROVIDERS, &[("DEMO_SECRET", DEMO_SECRET)]),
+    )
+    .await;
+    let sign = |body: &str| {
+        vec![
+            ("content-type".to_owned(), "application/json".to_owned()),
+            (
+                "x-signature".to_owned(),
+                demo_signature(body.as_bytes(), DEMO_SECRET),
+            ),
+        ]
+    };
+    let ordered = r#"{"id":"evt_1","type":"payment_intent.succeeded","created":1700000001,"data":{"object":{"id":"pi_9"}}}"#;
+    let keyless = r#"{"id":"evt_2","type":"balance.available","created":1700000002,"data":{}}"#;
+    let unordered = r#"{"id":"evt_3","data":{"object":{"id":"pi_9"}}}"#;
+    for (provider, body) in [
+        ("ordered", ordered),
+        ("ordered", keyless),
+        ("demo", unordered),
+    ] {
+        let answer = receiver.post_webhook(provider, &sign(body), body).await;
+        assert_eq!(answer.status, 200, "{provider}: {answer:?}");
+    }
+    let mut conn = db.connect().await;
+    let rows: Vec<QueuedOrdering> = diesel_async::RunQueryDsl::load(
+        diesel::sql_query(
+            "SELECT event.event_id, queue.ordering_key, queue.ordering_sequence, \
+                    queue.next_attempt_at > event.received_at + interval '200 milliseconds' AS held \
+             FROM inbox_queue AS queue JOIN inbox_events AS event USING (id) ORDER BY event.event_id",
+        ),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    let row =
+        |event_id: &str, key: Option<&str>, sequence: Option<i64>, held: bool| QueuedOrdering {
+            event_id: event_id.into(),
+            ordering_key: key.map(Into::into),
+            ordering_sequence: sequence,
+            held,
+        };
+    assert_eq!(
+        rows,
+        [
+            row("evt_1", Some("ordered:pi_9"), Some(1_700_000_001), true),
+            // No key: processed unordered.
+            row("evt_2", None, None, false),
+            row("evt_3", None, None, false),
+        ]
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM inbox_ordering_providers \
+             WHERE provider = 'ordered' AND release_dead AND skip_stale"
+        )
+        .await,
+        1
+    );
+}
+
+#[derive(diesel::QueryableByName, Debug)]
+struct KeyState {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    processing: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    second_started: i64,
+}
+
+/// A worker process SIGKILLed while its forward of a key's first event hangs: until that
+/// event's lease expires and is rescued, no worker starts the key's second event; then the
+/// first runs again, before the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_while_holding_a_key_lets_no_other_event_of_it_start_before_the_rescue() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    insert_events(
+        &mut conn,
+        &[
+            ordered_event("pi_1", 1, Duration::ZERO),
+            ordered_event("pi_1", 2, Duration::ZERO),
+        ],
+    )
+    .await
+    .unwrap();
+    // A target that accepts the forward and never answers: the worker holds the key.
+    let target = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let folder = temp_folder("ordering-kill");
+    let routes = folder.join("routes.toml");
+    std::fs::write(
+        &routes,
+        format!(
+            "[[routes]]\nprovider = \"ordered\"\nhandler = \"forward\"\nurl = \"http://{}/\"\ntimeout = \"60s\"\n",
+            target.local_addr().unwrap()
+        ),
+    )
+    .unwrap();
+    let lease = Duration::from_secs(2);
+    let mut process = std::process::Command::new(inbox_tests::chaos::bin_dir().join("worker"))
+        .args([
+            "run",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--poll-interval",
+            "50ms",
+        ])
+        .arg("--routes")
+        .arg(&routes)
+        .args(["--lease", "2s", "--handler-timeout", "60s"])
+        .env("DATABASE_URL", db.url())
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The forward of the first event is in flight.
+    target.set_nonblocking(false).unwrap();
+    let (_held, _) = tokio::task::spawn_blocking(move || target.accept().map(|c| (c, target)))
+        .await
+        .unwrap()
+        .unwrap();
+    process.kill().unwrap();
+    process.wait().unwrap();
+    let killed_at = std::time::Instant::now();
+
+    // A healthy worker now claims and rescues; the key's second event waits for the rescue.
+    let recorder = Arc::new(Recorder::default());
+    let workers = start_workers(&db, &recorder, 1);
+    let state_sql = "SELECT count(*) FILTER (WHERE queue.status = 1) AS processing, \
+                            count(*) FILTER (WHERE event.event_id = 'pi_1-2' AND queue.attempt > 0) \
+                                AS second_started \
+                     FROM inbox_queue AS queue JOIN inbox_events AS event USING (id)";
+    while killed_at.elapsed() < lease {
+        let state: KeyState =
+            diesel_async::RunQueryDsl::get_result(diesel::sql_query(state_sql), &mut conn)
+                .await
+                .unwrap();
+        assert_eq!(
+            state.second_started, 0,
+            "the second event started before the rescue"
+        );
+        assert!(state.processing <= 1, "{state:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_for_count(
+        &mut conn,
+        "both are done",
+        "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
+        2,
+        Duration::from_secs(30),
+    )
+    .await;
+    for worker in workers {
+        worker.stop().await;
+    }
+    let seen: Vec<(String, bool)> = recorder
+        .seen("pi_1")
+        .into_iter()
+        .map(|s| (s.event_id, s.stale))
+        .collect();
+    assert_eq!(
+        seen,
+        [("pi_1-1".to_owned(), false), ("pi_1-2".to_owned(), false)]
+    );
+    assert_eq!(
+        recorder.overlaps.load(Ordering::SeqCst),
+        0,
+        "the two events ran at once"
+    );
+}
