@@ -133,12 +133,17 @@ async fn run(
             return Ok(Outcome::Aborted);
         }
         let mut conn = pool.get().await?;
+        browse::tune_session(&mut conn).await?;
         let ids = browse::dead_ids_after(&mut conn, query, after, batch).await?;
         let Some(&last) = ids.last() else {
             return Ok(Outcome::Done);
         };
         after = last;
         let replayed = inbox_core::operations::replay(&mut conn, &ids).await?;
+        if replayed > 0 {
+            // Idle workers start on the batch now instead of at their next poll.
+            inbox_core::inbox::notify_new_events(&mut conn).await?;
+        }
         let total = job
             .replayed
             .fetch_add(i64::try_from(replayed)?, Ordering::Relaxed)

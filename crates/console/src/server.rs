@@ -9,6 +9,9 @@ use actix_web::dev::ServerHandle;
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 use inbox_core::db::{DatabaseArgs, PgPool};
+use inbox_core::operations::browse;
+
+use crate::error::ConsoleError;
 
 use crate::jobs::Jobs;
 use crate::metrics::Metrics;
@@ -87,6 +90,19 @@ pub struct AppState {
     /// Events per replay statement.
     pub replay_batch: i64,
 }
+
+impl AppState {
+    /// A pooled connection set up for operator queries ([`browse::tune_session`]).
+    pub async fn connection(&self) -> Result<PooledConnection<'_>, ConsoleError> {
+        let mut conn = self.pool.get().await?;
+        browse::tune_session(&mut conn).await?;
+        Ok(conn)
+    }
+}
+
+/// A connection checked out of the console's pool.
+pub type PooledConnection<'a> =
+    diesel_async::pooled_connection::bb8::PooledConnection<'a, diesel_async::AsyncPgConnection>;
 
 /// A console serving; stop it with [`RunningConsole::stop`].
 #[derive(Debug)]

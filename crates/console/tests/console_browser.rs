@@ -126,14 +126,37 @@ async fn screenshot(client: &Client, name: &str) {
     std::fs::write(screenshot_dir().join(format!("{name}.png")), png).unwrap();
 }
 
+/// The text of the element `css` selects, once the page has it.
 async fn text(client: &Client, css: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(element) = client.wait().for_element(Locator::Css(css)).await {
+            if let Ok(text) = element.text().await {
+                return text;
+            }
+        }
+        assert!(Instant::now() < deadline, "no element {css}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Clicks a link or a form's button, then waits until the browser has left the page (its
+/// old document is gone), so what follows reads the next page.
+async fn click(client: &Client, locator: Locator<'_>) {
+    let old_page = client.find(Locator::Css("html")).await.unwrap();
     client
-        .find(Locator::Css(css))
+        .wait()
+        .for_element(locator)
         .await
         .unwrap()
-        .text()
+        .click()
         .await
-        .unwrap()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while old_page.tag_name().await.is_ok() {
+        assert!(Instant::now() < deadline, "the click led to no new page");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn log_in(client: &Client, console: &TestConsole, (user, password): (&str, &str)) {
@@ -152,13 +175,7 @@ async fn log_in(client: &Client, console: &TestConsole, (user, password): (&str,
         .send_keys(password)
         .await
         .unwrap();
-    client
-        .find(Locator::Id("login"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(client, Locator::Id("login")).await;
     assert_eq!(
         text(client, "header .who span").await,
         format!(
@@ -173,13 +190,7 @@ async fn log_in(client: &Client, console: &TestConsole, (user, password): (&str,
 }
 
 async fn log_out(client: &Client) {
-    client
-        .find(Locator::Css("header form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(client, Locator::Css("header form button")).await;
     client
         .wait()
         .for_element(Locator::Id("login"))
@@ -319,13 +330,7 @@ async fn an_operator_and_a_viewer_use_the_console_in_chromium() {
         .send_keys(r#"{"data": {"customer": "cus_B"}}"#)
         .await
         .unwrap();
-    client
-        .find(Locator::Id("apply-filter"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, Locator::Id("apply-filter")).await;
     let listed = text(&client, "#events").await;
     assert!(
         listed.contains("evt_b1") && listed.contains("evt_b2"),
@@ -336,13 +341,7 @@ async fn an_operator_and_a_viewer_use_the_console_in_chromium() {
         "{listed}"
     );
     screenshot(&client, "events-filtered-by-payload").await;
-    client
-        .find(Locator::Id("replay-matching"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, Locator::Id("replay-matching")).await;
     assert_eq!(text(&client, "#estimated").await, "2");
     screenshot(&client, "replay-estimate").await;
     // Without the CSRF token the same replay is refused.
@@ -358,13 +357,7 @@ async fn an_operator_and_a_viewer_use_the_console_in_chromium() {
     .await;
     assert_eq!(status, 403);
     assert!(page.contains("CSRF token"));
-    client
-        .find(Locator::Id("confirm-replay"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, Locator::Id("confirm-replay")).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while text(&client, "#job-state").await != "done" {
         assert!(Instant::now() < deadline, "the replay did not finish");
@@ -391,13 +384,7 @@ async fn an_operator_and_a_viewer_use_the_console_in_chromium() {
         .send_keys("github")
         .await
         .unwrap();
-    client
-        .find(Locator::Id("pause"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, Locator::Id("pause")).await;
     assert!(text(&client, "#paused").await.contains("github"));
     screenshot(&client, "route-paused").await;
     let waiting = store(
@@ -420,13 +407,7 @@ async fn an_operator_and_a_viewer_use_the_console_in_chromium() {
     let listed = text(&client, "#events").await;
     assert_eq!(listed.matches("ready").count(), 2, "{listed}");
     client.goto(&console.url("/routes")).await.unwrap();
-    client
-        .find(Locator::Css("button.resume"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, Locator::Css("button.resume")).await;
     assert!(pause::paused_routes(&mut conn).await.unwrap().is_empty());
     let claimed = claim_all(&mut conn, &[]).await;
     assert!(

@@ -30,6 +30,7 @@ async fn keyset_pages_cover_every_matching_event_once_newest_first() {
         body_contains: Some(serde_json::json!({"even": true})),
         ..EventQuery::default()
     };
+    browse::tune_session(&mut conn).await.unwrap();
     let mut seen = Vec::new();
     let mut before = None;
     loop {
@@ -48,6 +49,24 @@ async fn keyset_pages_cover_every_matching_event_once_newest_first() {
         .collect();
     expected.sort_unstable_by(|a, b| b.cmp(a));
     assert_eq!(seen, expected);
+
+    #[derive(diesel::QueryableByName)]
+    struct Settings {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        plan_cache_mode: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        jit: String,
+    }
+    let settings: Settings = diesel_async::RunQueryDsl::get_result(
+        diesel::sql_query("SELECT current_setting('plan_cache_mode') AS plan_cache_mode, current_setting('jit') AS jit"),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (settings.plan_cache_mode.as_str(), settings.jit.as_str()),
+        ("force_custom_plan", "off")
+    );
 
     // The state filter and the dead count agree with the transitions.
     let mut dead: Vec<i64> = ids.iter().copied().take(5).collect();

@@ -17,7 +17,7 @@ pub async fn page(
     user: CurrentUser,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let mut conn = state.pool.get().await?;
+    let mut conn = state.connection().await?;
     let entries = audit::recent(&mut conn, SHOWN).await?;
     drop(conn);
     let content = html! {

@@ -33,7 +33,7 @@ pub async fn list(
     params: web::Query<ListParams>,
 ) -> Result<HttpResponse, ConsoleError> {
     let query = params.filter.to_query()?;
-    let mut conn = state.pool.get().await?;
+    let mut conn = state.connection().await?;
     let mut rows = browse::list_page(&mut conn, &query, params.before, PAGE_SIZE + 1).await?;
     drop(conn);
     let more = rows.len() > usize::try_from(PAGE_SIZE).unwrap_or(usize::MAX);
@@ -150,7 +150,7 @@ pub async fn detail(
     state: web::Data<AppState>,
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let mut conn = state.pool.get().await?;
+    let mut conn = state.connection().await?;
     let event = browse::event_by_id(&mut conn, *id)
         .await?
         .ok_or(ConsoleError::NotFound)?;

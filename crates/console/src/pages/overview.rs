@@ -18,7 +18,7 @@ pub async fn page(
     user: CurrentUser,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let mut conn = state.pool.get().await?;
+    let mut conn = state.connection().await?;
     let backlog = operations::backlog(&mut conn).await?;
     let totals = operations::count_by_status(&mut conn).await?;
     let per_provider = overview::provider_states(&mut conn).await?;

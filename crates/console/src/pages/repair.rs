@@ -4,6 +4,7 @@
 
 use actix_web::http::header;
 use actix_web::{web, HttpResponse};
+use inbox_core::inbox;
 use inbox_core::operations::audit::{self, NewAction, Outcome};
 use inbox_core::operations::{self, browse};
 use maud::html;
@@ -36,8 +37,12 @@ pub async fn replay_one(
     form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, ConsoleError> {
     user.authorize_repair(&state, &form.csrf_token)?;
-    let mut conn = state.pool.get().await?;
+    let mut conn = state.connection().await?;
     let replayed = operations::replay(&mut conn, &[*id]).await?;
+    if replayed > 0 {
+        // Idle workers claim it now instead of at their next poll.
+        inbox::notify_new_events(&mut conn).await?;
+    }
     audit::record(
         &mut conn,
         NewAction {
@@ -63,7 +68,7 @@ pub async fn estimate(
     filter: web::Query<FilterParams>,
 ) -> Result<HttpResponse, ConsoleError> {
     let query = filter.to_query()?;
-    let mut conn = state.pool.get().await?;
+    let mut conn = state.connection().await?;
     let estimated = browse::count_dead(&mut conn, &query).await?;
     drop(conn);
     let content = html! {
@@ -101,7 +106,7 @@ pub async fn start(
 ) -> Result<HttpResponse, ConsoleError> {
     user.authorize_repair(&state, &form.csrf_token)?;
     let query = form.filter.to_query()?;
-    let mut conn = state.pool.get().await?;
+    let mut conn = state.connection().await?;
     let audit_id = audit::record(
         &mut conn,
         NewAction {
@@ -175,7 +180,7 @@ pub async fn abort(
     user.authorize_repair(&state, &form.csrf_token)?;
     let job = state.jobs.get(*id).ok_or(ConsoleError::NotFound)?;
     job.abort();
-    let mut conn = state.pool.get().await?;
+    let mut conn = state.connection().await?;
     audit::record(
         &mut conn,
         NewAction {

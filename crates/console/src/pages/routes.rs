@@ -18,7 +18,7 @@ pub async fn page(
     user: CurrentUser,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let mut conn = state.pool.get().await?;
+    let mut conn = state.connection().await?;
     let paused = pause::paused_routes(&mut conn).await?;
     drop(conn);
     let can_repair = user.can_repair(&state);
@@ -91,11 +91,16 @@ async fn change(
 ) -> Result<HttpResponse, ConsoleError> {
     user.authorize_repair(&state, &form.csrf_token)?;
     let (provider, event_type) = form.route()?;
-    let mut conn = state.pool.get().await?;
+    let mut conn = state.connection().await?;
     let changed = if action == "pause" {
         pause::pause_route(&mut conn, provider, event_type, &user.session.user).await?
     } else {
-        pause::resume_route(&mut conn, provider, event_type).await?
+        let resumed = pause::resume_route(&mut conn, provider, event_type).await?;
+        if resumed {
+            // Idle workers claim the waiting events now instead of at their next poll.
+            inbox_core::inbox::notify_new_events(&mut conn).await?;
+        }
+        resumed
     };
     audit::record(
         &mut conn,
