@@ -24,7 +24,11 @@ async fn keyset_pages_cover_every_matching_event_once_newest_first() {
             )
         })
         .collect();
-    let ids = store(&mut conn, &events).await;
+    // Three statements, three arrival times: pages cross from one to the next.
+    let mut ids = Vec::new();
+    for chunk in events.chunks(40) {
+        ids.extend(store(&mut conn, chunk).await);
+    }
     let query = EventQuery {
         provider: Some("stripe".into()),
         body_contains: Some(serde_json::json!({"even": true})),
@@ -281,5 +285,102 @@ async fn a_wrong_password_or_a_forged_login_form_opens_no_session() {
         .await
         .unwrap()
         .contains("Wrong user name or password"));
+    console.running.stop().await;
+}
+
+#[tokio::test]
+async fn a_replay_by_filter_runs_in_batches_and_stops_at_an_abort() {
+    let console = TestConsole::start(false).await;
+    let mut conn = console.db.connect().await;
+    let events: Vec<_> = (0..5)
+        .map(|n| event("stripe", &format!("evt_{n}"), "charge.failed", "{}"))
+        .collect();
+    let mut ids = store(&mut conn, &events).await;
+    ids.sort_unstable();
+    claim_all(&mut conn, &ids).await;
+
+    // The first batch (one event: the tests' batch size) waits on a row lock held here, so
+    // the abort is certain to arrive while the replay runs.
+    let mut blocker = console.db.connect().await;
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut blocker,
+        &format!(
+            "BEGIN; SELECT id FROM inbox_finished WHERE id = {} FOR UPDATE",
+            ids[0]
+        ),
+    )
+    .await
+    .unwrap();
+    let operator = HttpSession::log_in(&console, OPERATOR).await;
+    let estimate = operator
+        .get(&console, "/replay?provider=stripe")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        estimate.contains(r#"<strong id="estimated">5</strong>"#),
+        "{estimate}"
+    );
+    let started = operator
+        .post(
+            &console,
+            "/replay",
+            &[
+                ("csrf_token", &operator.csrf_token),
+                ("provider", "stripe"),
+                ("estimated", "5"),
+            ],
+        )
+        .await;
+    assert_eq!(started.status(), 303);
+    let job = started.headers()["location"].to_str().unwrap().to_owned();
+    let aborted = operator
+        .post(
+            &console,
+            &format!("{job}/abort"),
+            &[("csrf_token", &operator.csrf_token)],
+        )
+        .await;
+    assert_eq!(aborted.status(), 303);
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut blocker, "COMMIT")
+        .await
+        .unwrap();
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let page = loop {
+        let page = operator.get(&console, &job).await.text().await.unwrap();
+        if !page.contains(r#"id="job-state">running<"#) {
+            break page;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replay did not stop"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(page.contains(r#"id="job-state">aborted<"#), "{page}");
+    assert!(page.contains(r#"id="job-replayed">1<"#), "{page}");
+    assert_eq!(
+        browse::count_dead(&mut conn, &EventQuery::default())
+            .await
+            .unwrap(),
+        4
+    );
+    let audit = inbox_core::operations::audit::recent(&mut conn, 10)
+        .await
+        .unwrap();
+    let replay = audit
+        .iter()
+        .find(|entry| entry.action == "replay_filter")
+        .unwrap();
+    assert_eq!(
+        (replay.estimated, replay.affected, replay.outcome.as_str()),
+        (Some(5), 1, "aborted")
+    );
+    assert_eq!(replay.target, serde_json::json!({"provider": "stripe"}));
+    assert!(audit
+        .iter()
+        .any(|entry| entry.action == "abort" && entry.actor == OPERATOR.0));
     console.running.stop().await;
 }
