@@ -79,6 +79,25 @@ impl SigningKey {
         })
     }
 
+    /// Whether `other` is the same key (same secret, or same public key), compared in
+    /// constant time. Two providers sharing a key verify each other's deliveries.
+    #[must_use]
+    pub fn same_key(&self, other: &Self) -> bool {
+        match (&self.material, &other.material) {
+            (Material::Hmac { bytes: a, .. }, Material::Hmac { bytes: b, .. }) => {
+                bool::from(a.as_slice().ct_eq(b.as_slice()))
+            }
+            (Material::Credential { sha256: a, .. }, Material::Credential { sha256: b, .. }) => {
+                bool::from(a.ct_eq(b))
+            }
+            (Material::Ed25519 { verifying: a, .. }, Material::Ed25519 { verifying: b, .. }) => {
+                a == b
+            }
+            (Material::P256 { verifying: a, .. }, Material::P256 { verifying: b, .. }) => a == b,
+            _ => false,
+        }
+    }
+
     /// A static credential compared as a whole (GitLab's token, a Basic auth password).
     ///
     /// # Errors

@@ -92,6 +92,12 @@ async fn main() -> anyhow::Result<()> {
                     if provider.unsigned { ", UNSIGNED" } else { "" }
                 );
             }
+            for (first, second) in providers.sharing_a_key() {
+                println!(
+                    "warning: providers {first} and {second} share a secret: deliveries to one \
+                     verify on the other's path too; give each provider its own"
+                );
+            }
             Ok(())
         }
     }
@@ -150,6 +156,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let providers = Providers::load(&args.config)?;
     if providers.is_empty() {
         tracing::warn!(config = %args.config.display(), "no providers configured: every webhook will be answered 404");
+    }
+    for (first, second) in providers.sharing_a_key() {
+        tracing::warn!(
+            first,
+            second,
+            "two providers share a secret: deliveries to one verify on the other's path too"
+        );
     }
     for provider in providers.iter().filter(|p| p.unsigned) {
         tracing::warn!(provider = %provider.name, "provider is UNSIGNED: requests are not verified (local development only)");

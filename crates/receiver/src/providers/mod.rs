@@ -214,4 +214,23 @@ impl Providers {
     pub fn is_empty(&self) -> bool {
         self.by_name.is_empty()
     }
+
+    /// Pairs of providers (by name) that share a secret or key: each one's deliveries verify
+    /// on the other's path too, so a delivery can be replayed under the wrong provider.
+    pub fn sharing_a_key(&self) -> Vec<(&str, &str)> {
+        let providers: Vec<&Provider> = self.iter().collect();
+        let mut pairs = Vec::new();
+        for (index, first) in providers.iter().enumerate() {
+            for second in &providers[index + 1..] {
+                let shared = first
+                    .keys
+                    .iter()
+                    .any(|key| second.keys.iter().any(|other| key.same_key(other)));
+                if shared {
+                    pairs.push((first.name.as_str(), second.name.as_str()));
+                }
+            }
+        }
+        pairs
+    }
 }

@@ -196,3 +196,22 @@ fn provider_names_are_restricted_to_url_safe_lowercase() {
         .expect_err("bad name");
     assert!(err.to_string().contains("provider names"), "{err}");
 }
+
+#[test]
+fn providers_sharing_a_secret_are_named_in_pairs() {
+    let providers = parse(
+        r#"
+        [providers.github]
+        scheme = "github"
+        secrets = [{ env = "SECRET" }]
+        [providers.shopify]
+        scheme = "shopify"
+        secrets = [{ env = "SECRET" }]
+        [providers.svix]
+        scheme = "standard-webhooks"
+        secrets = [{ env = "WHSEC" }]
+        "#,
+    )
+    .unwrap_or_else(|err| panic!("{err}"));
+    assert_eq!(providers.sharing_a_key(), vec![("github", "shopify")]);
+}
