@@ -12,6 +12,7 @@ pub mod inbox;
 pub mod limits;
 pub mod metrics;
 pub mod operations;
+pub mod ordering;
 pub mod pg_connect;
 pub mod pg_tls;
 pub mod pg_url;

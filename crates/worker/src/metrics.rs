@@ -39,6 +39,11 @@ pub struct Metrics {
     pub backlog_dead: IntGauge,
     /// `inbox_backlog_oldest_ready_age_seconds`: age of the oldest event not yet processed.
     pub oldest_unprocessed_age: Gauge,
+    /// `inbox_ordering_blocked_keys`: ordering keys held by their dead head.
+    pub blocked_keys: IntGauge,
+    /// `inbox_ordering_oldest_blocked_age_seconds`: how long the longest-blocked key has been
+    /// blocked (0 when none).
+    pub oldest_blocked_age: Gauge,
 }
 
 impl Default for Metrics {
@@ -135,7 +140,21 @@ impl Metrics {
             )
             .unwrap_or_else(|err| panic!("{err}")),
         );
+        let blocked_keys = gauge(
+            "ordering_blocked_keys",
+            "Ordering keys held by their dead head until an operator replays or skips it.",
+        );
+        let oldest_blocked_age = register(
+            &registry,
+            Gauge::new(
+                "ordering_oldest_blocked_age_seconds",
+                "How long the longest-blocked ordering key has been blocked, 0 when none.",
+            )
+            .unwrap_or_else(|err| panic!("{err}")),
+        );
         Self {
+            blocked_keys,
+            oldest_blocked_age,
             route_slot_waits,
             backlog_ready,
             backlog_due,
@@ -168,6 +187,13 @@ impl Metrics {
         self.backlog_dead.set(backlog.dead);
         self.oldest_unprocessed_age
             .set(backlog.oldest_unprocessed_age_seconds);
+    }
+
+    /// Sets the blocked-key gauges from a database reading.
+    pub fn set_blocked(&self, blocked: &inbox_core::ordering::BlockedSummary) {
+        self.blocked_keys.set(blocked.blocked_keys);
+        self.oldest_blocked_age
+            .set(blocked.oldest_blocked_age_seconds.max(0.0));
     }
 
     /// The registry, for gauges registered elsewhere.

@@ -101,6 +101,30 @@ pub enum OperatorCommand {
         #[command(flatten)]
         db: Database,
     },
+    /// Ordering keys blocked by their dead head (providers with on_dead = block), longest
+    /// blocked first: the dead event, its error and the events waiting behind it.
+    Keys {
+        /// Only keys blocked by a dead head (the only listing there is; required, so that the
+        /// command says what it shows).
+        #[arg(long, required = true)]
+        blocked: bool,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        #[command(flatten)]
+        db: Database,
+    },
+    /// Release the key a dead head blocks: the event stays dead (a replay may still run it
+    /// later), the key's next event runs, and the reason is kept in inbox_key_skips.
+    Skip {
+        /// Row id of the dead head (see `keys --blocked`).
+        id: i64,
+        /// Why it is skipped (kept with the skip).
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        db: Database,
+    },
     /// Delete done events that finished more than --older-than ago (dead events are kept).
     Purge {
         /// Retention of done events, e.g. 7days. Must be at least the dedup window.
@@ -179,7 +203,29 @@ impl OperatorCommand {
                             escape::line(&provider)
                         )
                     })?;
-                show(out, &event, raw)
+                show(out, &event, raw)?;
+                let position = inbox_core::ordering::position(&mut conn, event.summary.id).await?;
+                show_position(out, position.as_ref())
+            }
+            Self::Keys {
+                blocked: _,
+                limit,
+                db,
+            } => {
+                let keys =
+                    inbox_core::ordering::blocked_keys(&mut db.connect().await?, limit).await?;
+                blocked_keys(out, &keys)
+            }
+            Self::Skip { id, reason, db } => {
+                let key =
+                    inbox_core::ordering::skip_dead_head(&mut db.connect().await?, id, &reason)
+                        .await?;
+                writeln!(
+                    out,
+                    "released key {} (event {id} stays dead)",
+                    escape::line(&key)
+                )?;
+                Ok(())
             }
             Self::Replay {
                 ids,
@@ -302,6 +348,64 @@ fn show(out: &mut impl Write, event: &operations::EventDetail, raw: bool) -> any
     Ok(())
 }
 
+/// The key lines of `show`, for events of ordered providers still queued or dead.
+fn show_position(
+    out: &mut impl Write,
+    position: Option<&inbox_core::ordering::KeyPosition>,
+) -> anyhow::Result<()> {
+    let Some(position) = position else {
+        return Ok(());
+    };
+    let state = match (position.holder, position.blocked_by) {
+        (_, Some(dead)) => format!("blocked by dead event {dead}"),
+        (Some(holder), None) => format!("event {holder} in processing"),
+        (None, None) => "free".to_owned(),
+    };
+    let place = match position.ahead {
+        Some(0) => "head of its key".to_owned(),
+        Some(ahead) => format!("{ahead} event(s) of its key ahead"),
+        None => "out of the queue (dead)".to_owned(),
+    };
+    writeln!(
+        out,
+        "ordering_key:    {}",
+        escape::line(&position.ordering_key)
+    )?;
+    writeln!(out, "sequence:        {}", position.sequence)?;
+    writeln!(out, "position:        {place}; {} queued", position.queued)?;
+    writeln!(out, "key:             {state}")?;
+    let processed = position
+        .processed_sequence
+        .map_or("-".to_owned(), |s| s.to_string());
+    writeln!(out, "key processed up to sequence: {processed}")?;
+    Ok(())
+}
+
+fn blocked_keys(
+    out: &mut impl Write,
+    keys: &[inbox_core::ordering::BlockedKey],
+) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "{:<40}  {:>10}  {:<30}  {:<25}  {:>7}  last_error",
+        "key", "dead_id", "event_id", "blocked_since", "waiting"
+    )?;
+    for key in keys {
+        writeln!(
+            out,
+            "{:<40}  {:>10}  {:<30}  {:<25}  {:>7}  {}",
+            escape::line(&key.ordering_key),
+            key.event_row_id,
+            escape::line(key.event_id.as_deref().unwrap_or("-")),
+            key.blocked_since
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            key.waiting,
+            escape::line(key.last_error.as_deref().unwrap_or(""))
+        )?;
+    }
+    Ok(())
+}
+
 async fn stats(out: &mut impl Write, conn: &mut AsyncPgConnection) -> anyhow::Result<()> {
     let backlog = operations::backlog(conn).await?;
     let counts = operations::count_by_status(conn).await?;
@@ -326,6 +430,17 @@ async fn stats(out: &mut impl Write, conn: &mut AsyncPgConnection) -> anyhow::Re
             backlog.oldest_unprocessed_age_seconds.max(0.0) as u64
         ))
     )?;
+    let blocked = inbox_core::ordering::blocked_summary(conn).await?;
+    if blocked.blocked_keys > 0 {
+        writeln!(
+            out,
+            "blocked keys: {} (oldest blocked {}; see `worker keys --blocked`)",
+            blocked.blocked_keys,
+            humantime::format_duration(Duration::from_secs(
+                blocked.oldest_blocked_age_seconds.max(0.0) as u64
+            ))
+        )?;
+    }
     let errors = operations::top_errors(conn, 5).await?;
     if !errors.is_empty() {
         writeln!(out, "top errors (ready and dead events):")?;

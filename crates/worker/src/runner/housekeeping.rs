@@ -34,11 +34,16 @@ impl Worker {
     async fn refresh_backlog(&self) {
         let result = async {
             let mut conn = self.connection().await?;
-            Ok::<_, WorkerError>(operations::backlog(&mut conn).await?)
+            let backlog = operations::backlog(&mut conn).await?;
+            let blocked = inbox_core::ordering::blocked_summary(&mut conn).await?;
+            Ok::<_, WorkerError>((backlog, blocked))
         }
         .await;
         match result {
-            Ok(backlog) => self.metrics.set_backlog(&backlog),
+            Ok((backlog, blocked)) => {
+                self.metrics.set_backlog(&backlog);
+                self.metrics.set_blocked(&blocked);
+            }
             Err(err) => tracing::warn!(error = %err, "reading the backlog failed"),
         }
     }
