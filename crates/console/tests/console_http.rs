@@ -384,3 +384,58 @@ async fn a_replay_by_filter_runs_in_batches_and_stops_at_an_abort() {
         .any(|entry| entry.action == "abort" && entry.actor == OPERATOR.0));
     console.running.stop().await;
 }
+
+#[tokio::test]
+async fn an_ordered_event_shows_its_key_and_a_blocked_key_is_listed_with_its_dead_head() {
+    let console = TestConsole::start(false).await;
+    let mut conn = console.db.connect().await;
+    let ids = store(
+        &mut conn,
+        &[
+            event("stripe", "pi_1-1", "payment_intent.created", "{}"),
+            event("stripe", "pi_1-2", "payment_intent.succeeded", "{}"),
+        ],
+    )
+    .await;
+    let (head, behind) = (ids[0].min(ids[1]), ids[0].max(ids[1]));
+    claim_all(&mut conn, &[head]).await;
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut conn,
+        &format!(
+            "INSERT INTO inbox_dead_ordering (id, ordering_key, ordering_sequence) VALUES ({head}, 'pi_1', 1); \
+             UPDATE inbox_queue SET ordering_key = 'pi_1', ordering_sequence = 2 WHERE id = {behind}; \
+             INSERT INTO inbox_keys (ordering_key, blocked_by, blocked_since) VALUES ('pi_1', {head}, now())"
+        ),
+    )
+    .await
+    .unwrap();
+    let viewer = HttpSession::log_in(&console, VIEWER).await;
+    let detail = viewer
+        .get(&console, &format!("/events/{behind}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        detail.contains(r#"<td id="ordering-key">pi_1 (sequence 2)</td>"#),
+        "{detail}"
+    );
+    let detail = viewer
+        .get(&console, &format!("/events/{head}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        detail.contains(r#"<td id="ordering-key">pi_1 (sequence 1)</td>"#),
+        "{detail}"
+    );
+    let routes = viewer.get(&console, "/routes").await.text().await.unwrap();
+    let blocked = &routes[routes.find(r#"id="blocked-keys""#).unwrap()..];
+    assert!(
+        blocked.contains(&format!(r#"<a href="/events/{head}">stripe pi_1-1</a>"#)),
+        "{blocked}"
+    );
+    assert!(blocked.contains(r#"<td class="num">1</td>"#), "{blocked}");
+    console.running.stop().await;
+}

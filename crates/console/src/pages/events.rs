@@ -154,6 +154,7 @@ pub async fn detail(
     let event = browse::event_by_id(&mut conn, *id)
         .await?
         .ok_or(ConsoleError::NotFound)?;
+    let ordering = browse::ordering_of(&mut conn, *id).await?;
     drop(conn);
     let summary = &event.summary;
     let time = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string();
@@ -171,6 +172,9 @@ pub async fn detail(
             tr { th { "lease holder (last worker)" } td { (summary.locked_by.as_deref().unwrap_or("none")) } }
             @if let Some(until) = event.locked_until { tr { th { "lease expires" } td { (time(until)) } } }
             tr { th { "last attempt's error" } td id="last-error" { (summary.last_error.as_deref().unwrap_or("none")) } }
+            @if let Some(ordering) = &ordering {
+                tr { th { "ordering key" } td id="ordering-key" { (ordering.ordering_key) " (sequence " (ordering.ordering_sequence) ")" } }
+            }
         }
         p.notice { "The inbox keeps each event's attempt count and its latest outcome; earlier attempts' errors are in the worker's log." }
         @if summary.status == InboxStatus::Dead && user.can_repair(&state) {

@@ -1,10 +1,12 @@
 //! Paused routes: pause a provider (or one of its event types) so its events wait, ready and
-//! unclaimed, while ingest goes on; resume it.
+//! unclaimed, while ingest goes on; resume it. Beside them, the ordering keys blocked by a
+//! dead head.
 
 use actix_web::http::header;
 use actix_web::{web, HttpResponse};
 use inbox_core::inbox::pause::{self, EVERY_EVENT_TYPE};
 use inbox_core::operations::audit::{self, NewAction, Outcome};
+use inbox_core::operations::browse;
 use maud::html;
 use serde::Deserialize;
 
@@ -13,6 +15,9 @@ use crate::error::ConsoleError;
 use crate::http::CurrentUser;
 use crate::server::AppState;
 
+/// Blocked keys listed.
+const BLOCKED_KEYS_SHOWN: i64 = 100;
+
 /// GET /routes.
 pub async fn page(
     user: CurrentUser,
@@ -20,6 +25,7 @@ pub async fn page(
 ) -> Result<HttpResponse, ConsoleError> {
     let mut conn = state.connection().await?;
     let paused = pause::paused_routes(&mut conn).await?;
+    let blocked = browse::blocked_keys(&mut conn, BLOCKED_KEYS_SHOWN).await?;
     drop(conn);
     let can_repair = user.can_repair(&state);
     let content = html! {
@@ -44,6 +50,20 @@ pub async fn page(
             }
         }
         @if paused.is_empty() { p { "No route is paused." } }
+        h2 { "Blocked ordering keys" }
+        p { "An ordered key whose head went dead: the events behind it wait until the head is replayed (from its page) or skipped." }
+        table id="blocked-keys" {
+            tr { th { "key" } th { "dead head" } th { "blocked since" } th { "events waiting" } }
+            @for key in &blocked {
+                tr {
+                    td { (key.ordering_key) }
+                    td { a href={ "/events/" (key.head_id) } { (key.provider) " " (key.event_id) } }
+                    td { (key.blocked_since.format("%Y-%m-%d %H:%M:%S UTC")) }
+                    td.num { (key.waiting) }
+                }
+            }
+        }
+        @if blocked.is_empty() { p { "No key is blocked." } }
         @if can_repair {
             h2 { "Pause a route" }
             form.filters method="post" action="/routes/pause" {

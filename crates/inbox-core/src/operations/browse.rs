@@ -114,10 +114,9 @@ const SUMMARY_COLUMNS: &str = "SELECT event.id, event.provider, event.event_id, 
 
 /// Sets the session up for operator queries, in one round trip:
 /// - `plan_cache_mode = force_custom_plan`: diesel prepares each statement once per
-///   connection, and PostgreSQL's generic plan for it cannot tell a one-hour time range (read
-///   through `inbox_events_received_at`) from a ten-day one (a backward scan of the primary
-///   key): after five executions a narrow range took 0.3 s instead of 10 ms on a million
-///   events. Operator queries are few; planning each for its values is cheap.
+///   connection, and after five executions PostgreSQL may switch it to a generic plan, blind
+///   to the filter's values (a provider with a handful of events and one with millions get
+///   the same plan). Operator queries are few; planning each for its values is cheap.
 /// - `jit = off`: the overview's aggregates over a million rows cross the JIT cost threshold,
 ///   and compiling them took longer (about 240 ms) than running them.
 pub async fn tune_session(conn: &mut AsyncPgConnection) -> QueryResult<()> {
@@ -232,6 +231,74 @@ pub async fn dead_ids_after(
     statement.limit(limit);
     let ids: Vec<Id> = statement.into_query().load(conn).await?;
     Ok(ids.into_iter().map(|row| row.id).collect())
+}
+
+/// An ordered event's place in its key: the key and the sequence within it.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct Ordering {
+    /// The ordering key.
+    #[diesel(sql_type = Text)]
+    pub ordering_key: String,
+    /// Its sequence within the key.
+    #[diesel(sql_type = BigInt)]
+    pub ordering_sequence: i64,
+}
+
+/// The ordering key and sequence of event `id`, when its provider orders its events (from
+/// its queue row, or for a dead event from `inbox_dead_ordering`).
+pub async fn ordering_of(conn: &mut AsyncPgConnection, id: i64) -> QueryResult<Option<Ordering>> {
+    diesel::sql_query(
+        "SELECT ordering_key, ordering_sequence FROM inbox_queue \
+         WHERE id = $1 AND ordering_key IS NOT NULL \
+         UNION ALL SELECT ordering_key, ordering_sequence FROM inbox_dead_ordering WHERE id = $1 \
+         LIMIT 1",
+    )
+    .bind::<BigInt, _>(id)
+    .get_result(conn)
+    .await
+    .optional()
+}
+
+/// A key whose dead head blocks the events behind it.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct BlockedKey {
+    /// The ordering key.
+    #[diesel(sql_type = Text)]
+    pub ordering_key: String,
+    /// The dead head's row id.
+    #[diesel(sql_type = BigInt)]
+    pub head_id: i64,
+    /// Its provider.
+    #[diesel(sql_type = Text)]
+    pub provider: String,
+    /// Its provider's event id.
+    #[diesel(sql_type = Text)]
+    pub event_id: String,
+    /// Since when the key is blocked.
+    #[diesel(sql_type = Timestamptz)]
+    pub blocked_since: DateTime<Utc>,
+    /// Events of the key waiting behind the head.
+    #[diesel(sql_type = BigInt)]
+    pub waiting: i64,
+}
+
+/// The `limit` longest-blocked keys, oldest block first.
+pub async fn blocked_keys(
+    conn: &mut AsyncPgConnection,
+    limit: i64,
+) -> QueryResult<Vec<BlockedKey>> {
+    diesel::sql_query(
+        "SELECT key.ordering_key, key.blocked_by AS head_id, event.provider, event.event_id, \
+                coalesce(key.blocked_since, event.received_at) AS blocked_since, \
+                (SELECT count(*) FROM inbox_queue AS queue \
+                 WHERE queue.ordering_key = key.ordering_key) AS waiting \
+         FROM inbox_keys AS key JOIN inbox_events AS event ON event.id = key.blocked_by \
+         WHERE key.blocked_by IS NOT NULL \
+         ORDER BY blocked_since, key.ordering_key LIMIT $1",
+    )
+    .bind::<BigInt, _>(limit)
+    .load(conn)
+    .await
 }
 
 /// The event with row id `id`, headers and body included, if stored.
