@@ -4,7 +4,14 @@
 (2) 400 signed 1 MiB webhooks arrive at once, each retried after a 503 until acknowledged.
 
 Usage: bench/memory.py RECEIVER_PID HOST:PORT SECRET [TRICKLERS] [BURST]
-Prints one JSON object: peak and final RSS of each phase, small-webhook latencies, counts.
+Prints one JSON line per phase: peak and final RSS, small-webhook latencies, counts.
+
+The receiver it measures serves the `demo` provider of config/providers.example.toml, e.g.:
+  DEMO_WEBHOOK_SECRET=memory-secret INBOX_CONFIG=config/providers.example.toml \
+    target/debug/receiver serve --listen 127.0.0.1:18480 --metrics-listen 127.0.0.1:18491 \
+    --http-workers 2 --db-pool-size 16 &
+  bench/memory.py $! 127.0.0.1:18480 memory-secret 1000 400
+("before" adds --max-body-bytes-in-flight 1099511627776 --max-connections 1000000).
 """
 import asyncio, hashlib, hmac, json, sys, time, uuid
 
