@@ -386,7 +386,7 @@ async fn a_replay_by_filter_runs_in_batches_and_stops_at_an_abort() {
 }
 
 #[tokio::test]
-async fn an_ordered_event_shows_its_key_and_a_blocked_key_is_listed_with_its_dead_head() {
+async fn an_ordered_events_key_is_shown_and_a_blocked_keys_dead_head_is_listed_and_skipped() {
     let console = TestConsole::start(false).await;
     let mut conn = console.db.connect().await;
     let ids = store(
@@ -437,5 +437,69 @@ async fn an_ordered_event_shows_its_key_and_a_blocked_key_is_listed_with_its_dea
         "{blocked}"
     );
     assert!(blocked.contains(r#"<td class="num">1</td>"#), "{blocked}");
+
+    // Skipping the head: refused to a viewer and without a reason, then done and audited.
+    let head_id = head.to_string();
+    let answer = viewer
+        .post(
+            &console,
+            "/keys/skip",
+            &[
+                ("csrf_token", &viewer.csrf_token),
+                ("head_id", &head_id),
+                ("reason", "x"),
+            ],
+        )
+        .await;
+    assert_eq!(answer.status(), 403);
+    let operator = HttpSession::log_in(&console, OPERATOR).await;
+    let answer = operator
+        .post(
+            &console,
+            "/keys/skip",
+            &[
+                ("csrf_token", &operator.csrf_token),
+                ("head_id", &head_id),
+                ("reason", " "),
+            ],
+        )
+        .await;
+    assert_eq!(answer.status(), 400);
+    let answer = operator
+        .post(
+            &console,
+            "/keys/skip",
+            &[
+                ("csrf_token", &operator.csrf_token),
+                ("head_id", &head_id),
+                ("reason", "refund issued by hand"),
+            ],
+        )
+        .await;
+    assert_eq!(answer.status(), 303);
+    assert!(browse::blocked_keys(&mut conn, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let audit = inbox_core::operations::audit::recent(&mut conn, 10)
+        .await
+        .unwrap();
+    assert_eq!(audit[0].action, "skip");
+    assert_eq!(
+        audit[0].target,
+        serde_json::json!({"id": head, "ordering_key": "pi_1", "reason": "refund issued by hand"})
+    );
+    let answer = operator
+        .post(
+            &console,
+            "/keys/skip",
+            &[
+                ("csrf_token", &operator.csrf_token),
+                ("head_id", &head_id),
+                ("reason", "again"),
+            ],
+        )
+        .await;
+    assert_eq!(answer.status(), 400, "a released key is not released twice");
     console.running.stop().await;
 }

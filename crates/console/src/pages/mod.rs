@@ -29,5 +29,6 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/routes", web::get().to(routes::page))
         .route("/routes/pause", web::post().to(routes::pause))
         .route("/routes/resume", web::post().to(routes::resume))
+        .route("/keys/skip", web::post().to(routes::skip))
         .route("/audit", web::get().to(audit::page));
 }

@@ -7,6 +7,7 @@ use actix_web::{web, HttpResponse};
 use inbox_core::inbox::pause::{self, EVERY_EVENT_TYPE};
 use inbox_core::operations::audit::{self, NewAction, Outcome};
 use inbox_core::operations::browse;
+use inbox_core::ordering;
 use maud::html;
 use serde::Deserialize;
 
@@ -53,13 +54,23 @@ pub async fn page(
         h2 { "Blocked ordering keys" }
         p { "An ordered key whose head went dead: the events behind it wait until the head is replayed (from its page) or skipped." }
         table id="blocked-keys" {
-            tr { th { "key" } th { "dead head" } th { "blocked since" } th { "events waiting" } }
+            tr { th { "key" } th { "dead head" } th { "blocked since" } th { "events waiting" } @if can_repair { th {} } }
             @for key in &blocked {
                 tr {
                     td { (key.ordering_key) }
                     td { a href={ "/events/" (key.head_id) } { (key.provider) " " (key.event_id) } }
                     td { (key.blocked_since.format("%Y-%m-%d %H:%M:%S UTC")) }
                     td.num { (key.waiting) }
+                    @if can_repair {
+                        td {
+                            form method="post" action="/keys/skip" {
+                                (layout::csrf_field(&user))
+                                input type="hidden" name="head_id" value=(key.head_id);
+                                input type="text" name="reason" placeholder="why (kept)" required;
+                                button type="submit" class="skip" { "Skip the head" }
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -136,6 +147,51 @@ async fn change(
     .await?;
     state.metrics.repairs.with_label_values(&[action]).inc();
     tracing::info!(user = %user.session.user, provider, event_type, action, changed, "route changed");
+    Ok(HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, "/routes"))
+        .finish())
+}
+
+/// The skip form of a blocked key.
+#[derive(Debug, Deserialize)]
+pub struct SkipForm {
+    #[serde(default)]
+    csrf_token: String,
+    head_id: i64,
+    #[serde(default)]
+    reason: String,
+}
+
+/// POST /keys/skip: releases the key a dead head blocks (the head stays dead, the key's next
+/// event runs), the reason kept with the key and in the audit.
+pub async fn skip(
+    user: CurrentUser,
+    state: web::Data<AppState>,
+    form: web::Form<SkipForm>,
+) -> Result<HttpResponse, ConsoleError> {
+    user.authorize_repair(&state, &form.csrf_token)?;
+    let mut conn = state.connection().await?;
+    let key = match ordering::skip_dead_head(&mut conn, form.head_id, &form.reason).await {
+        Ok(key) => key,
+        Err(ordering::SkipError::Database(err)) => return Err(err.into()),
+        Err(refused) => return Err(ConsoleError::BadRequest(refused.to_string())),
+    };
+    audit::record(
+        &mut conn,
+        NewAction {
+            actor: &user.session.user,
+            action: "skip",
+            target: serde_json::json!({ "id": form.head_id, "ordering_key": key, "reason": form.reason.trim() }),
+            estimated: None,
+            affected: 1,
+            outcome: Outcome::Done,
+        },
+    )
+    .await?;
+    // The key's next event is claimable now.
+    inbox_core::inbox::notify_new_events(&mut conn).await?;
+    state.metrics.repairs.with_label_values(&["skip"]).inc();
+    tracing::info!(user = %user.session.user, head = form.head_id, "blocked key's head skipped");
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/routes"))
         .finish())
