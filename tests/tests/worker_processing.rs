@@ -165,6 +165,16 @@ async fn ten_thousand_sender_chosen_event_types_leave_the_metric_series_bounded(
         Duration::from_secs(120),
     )
     .await;
+    // The counters move just after each commit: wait for the last ones.
+    wait_until("every event counted", Duration::from_secs(10), async || {
+        let page = String::from_utf8(worker.metrics.render()).unwrap();
+        page.lines()
+            .filter(|line| line.starts_with("inbox_worker_events_total{"))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+            == 10_000.0
+    })
+    .await;
     let page = String::from_utf8(worker.metrics.render()).unwrap();
     worker.stop().await;
 

@@ -487,15 +487,19 @@ async fn prefill(database_url: &str, events: i64, event_type: &str) -> anyhow::R
     while from < events {
         let to = (from + chunk).min(events);
         diesel::sql_query(
-            "WITH inserted AS ( \
-                 INSERT INTO inbox_events (provider, event_id, event_type, headers, body, body_sha256) \
-                 SELECT 'bench', 'prefill-' || g, $3, '{\"content-type\":\"application/json\"}'::jsonb, \
-                        convert_to('{\"id\":\"prefill-' || g || '\",\"padding\":\"' || repeat('x', 990) || '\"}', 'UTF8'), \
-                        sha256(convert_to(g::text, 'UTF8')) \
+            "WITH keyed AS ( \
+                 INSERT INTO inbox_dedup (provider, event_id, body_sha256) \
+                 SELECT 'bench', 'prefill-' || g, sha256(convert_to(g::text, 'UTF8')) \
                  FROM generate_series($1::bigint, $2::bigint - 1) AS g \
-                 RETURNING id \
+                 RETURNING id, event_id, body_sha256 \
+             ), journaled AS ( \
+                 INSERT INTO inbox_events (id, provider, event_id, event_type, headers, body, body_sha256) \
+                 SELECT id, 'bench', event_id, $3, '{\"content-type\":\"application/json\"}'::jsonb, \
+                        convert_to('{\"id\":\"' || event_id || '\",\"padding\":\"' || repeat('x', 990) || '\"}', 'UTF8'), \
+                        body_sha256 \
+                 FROM keyed \
              ) \
-             INSERT INTO inbox_queue (id) SELECT id FROM inserted",
+             INSERT INTO inbox_queue (id) SELECT id FROM keyed",
         )
         .bind::<BigInt, _>(from)
         .bind::<BigInt, _>(to)
@@ -505,7 +509,7 @@ async fn prefill(database_url: &str, events: i64, event_type: &str) -> anyhow::R
         from = to;
     }
     // One statement per call: several would form a transaction block, which VACUUM refuses.
-    for table in ["inbox_events", "inbox_queue"] {
+    for table in ["inbox_dedup", "inbox_events", "inbox_queue"] {
         conn.batch_execute(&format!("VACUUM ANALYZE {table}"))
             .await?;
     }

@@ -9,6 +9,7 @@
 pub mod backoff;
 pub mod db;
 pub mod inbox;
+pub mod journal;
 pub mod limits;
 pub mod metrics;
 pub mod operations;

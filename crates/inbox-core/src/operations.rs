@@ -12,6 +12,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{Array, BigInt, Double, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
+use crate::journal;
 use crate::schema::webhook_inbox;
 
 pub mod audit;
@@ -288,16 +289,22 @@ pub enum PurgeError {
 /// What one purge did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Purged {
-    /// Done inbox rows deleted.
+    /// Done events deleted (with their journal, outcome and dedup key rows).
     pub events: usize,
+    /// Journal day partitions dropped.
+    pub days: usize,
     /// `processed_events` records deleted.
     pub processed_records: usize,
 }
 
-/// Deletes done events (journal and outcome rows, and their `processed_events` records) that
-/// finished more than `retention` ago, `batch` events per statement so no statement holds
-/// many locks for long.
+/// Deletes done events older than `retention`, and their `processed_events` records. Whole
+/// days go at once: a day partition of the journal is dropped once every event of it was
+/// received more than `retention` ago (its events still queued or dead are kept, moved aside
+/// first; see [`crate::journal`]), so an event is kept at least `retention` and at most a day
+/// more. The few done events of the kept partition finished more than `retention` ago are
+/// deleted row by row, `batch` per statement.
 /// Dead rows are kept for the operator. Refuses a retention shorter than `dedup_window`.
+/// `conn` must not be in a transaction (a partition is detached concurrently).
 pub async fn purge_done(
     conn: &mut AsyncPgConnection,
     retention: Duration,
@@ -310,18 +317,32 @@ pub async fn purge_done(
             dedup_window,
         });
     }
+    let cutoff =
+        Utc::now() - chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
+    let dropped = journal::drop_days_received_before(conn, cutoff, batch).await?;
     let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
-    let mut purged = Purged::default();
+    let mut purged = Purged {
+        events: dropped.events,
+        days: dropped.days,
+        processed_records: 0,
+    };
     loop {
         let deleted = diesel::sql_query(statuses_sql!(
-            "WITH purged AS ( \
+            "WITH outcomes AS ( \
                  DELETE FROM inbox_finished WHERE id = ANY(ARRAY( \
-                     SELECT id FROM inbox_finished \
-                     WHERE status = {done} AND processed_at < now() - $1 * interval '1 millisecond' \
-                     ORDER BY id LIMIT $2)) \
+                     SELECT finished.id FROM inbox_finished AS finished \
+                     JOIN inbox_events_kept AS kept USING (id) \
+                     WHERE finished.status = {done} \
+                       AND finished.processed_at < now() - $1 * interval '1 millisecond' \
+                     ORDER BY finished.id LIMIT $2)) \
                  RETURNING id \
+             ), journal AS ( \
+                 DELETE FROM inbox_events_kept WHERE id IN (SELECT id FROM outcomes) \
+                 RETURNING provider, event_id \
              ) \
-             DELETE FROM inbox_events WHERE id IN (SELECT id FROM purged)"
+             DELETE FROM inbox_dedup USING journal \
+             WHERE inbox_dedup.provider = journal.provider \
+               AND inbox_dedup.event_id = journal.event_id"
         ))
         .bind::<BigInt, _>(retention_ms)
         .bind::<BigInt, _>(batch)

@@ -4,8 +4,19 @@
 //! compares the two column by column.
 
 diesel::table! {
-    /// The journal: every accepted event as received. Written once by the receiver.
-    inbox_events (id) {
+    /// The dedup key of every event, unique across the journal's days; hands out the ids.
+    inbox_dedup (provider, event_id) {
+        provider -> Text,
+        event_id -> Text,
+        id -> Int8,
+        body_sha256 -> Bytea,
+    }
+}
+
+diesel::table! {
+    /// The journal: every accepted event as received. Written once by the receiver;
+    /// partitioned by `journal_day` (see [`crate::journal`]).
+    inbox_events (id, journal_day) {
         id -> Int8,
         provider -> Text,
         event_id -> Text,
@@ -14,6 +25,7 @@ diesel::table! {
         headers -> Jsonb,
         body -> Bytea,
         body_sha256 -> Bytea,
+        journal_day -> Date,
     }
 }
 
@@ -165,6 +177,7 @@ diesel::table! {
 }
 
 diesel::allow_tables_to_appear_in_same_query!(
+    inbox_dedup,
     inbox_events,
     inbox_queue,
     inbox_finished,

@@ -103,6 +103,7 @@ pub struct RunningReceiver {
     /// Stops the webhook server.
     pub handle: ServerHandle,
     metrics_handle: ServerHandle,
+    journal_days: tokio::task::JoinHandle<()>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     metrics_server: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -112,6 +113,7 @@ impl RunningReceiver {
     /// stops the metrics server.
     pub async fn wait(self) -> anyhow::Result<()> {
         let served = self.server.await.context("webhook server task failed")?;
+        self.journal_days.abort();
         self.metrics_handle.stop(true).await;
         let _ = self.metrics_server.await;
         served.context("webhook server failed")
@@ -127,6 +129,8 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
         .connection_settings()
         .context("reading the database settings")?;
     record_ordering_policies(&pool, &providers).await;
+    // Receivers and workers both keep the journal's days ahead: ingest needs today's.
+    let journal_days = tokio::spawn(inbox_core::journal::keep_days_ahead(pool.clone()));
     let ingestor = Ingestor::start(
         &IngestSettings {
             mode: args.ingest_mode,
@@ -207,6 +211,7 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
         metrics_addr,
         handle,
         metrics_handle,
+        journal_days,
         server: tokio::spawn(server),
         metrics_server: tokio::spawn(metrics_server),
     })

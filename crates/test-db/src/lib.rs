@@ -202,6 +202,21 @@ impl TestDatabase {
         });
     }
 
+    /// Reverts every applied migration later than `version` (its digits, as in
+    /// [`Self::migrated_until`]), newest first.
+    pub fn revert_after(&self, version: &str) {
+        let last = version.to_owned();
+        with_harness(self.url.clone(), move |harness| loop {
+            let applied = harness.applied_migrations().unwrap();
+            match applied.iter().max() {
+                Some(newest) if newest.to_string() > last => {
+                    harness.revert_last_migration(MIGRATIONS).unwrap();
+                }
+                _ => break,
+            }
+        });
+    }
+
     /// The database's connection URL.
     pub fn url(&self) -> &str {
         &self.url

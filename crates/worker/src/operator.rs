@@ -266,8 +266,8 @@ impl OperatorCommand {
                         .await?;
                 writeln!(
                     out,
-                    "purged {} done event(s) and {} processed-event record(s)",
-                    purged.events, purged.processed_records
+                    "purged {} done event(s) ({} journal day(s) dropped) and {} processed-event record(s)",
+                    purged.events, purged.days, purged.processed_records
                 )?;
                 Ok(())
             }

@@ -274,14 +274,18 @@ async fn operator_commands_show_the_backlog_list_replay_and_purge() {
         "a retention inside the dedup window is refused"
     );
     assert!(String::from_utf8_lossy(&refused.stderr).contains("dedup window"));
-    // Age the done row past a retention of 4 days, then purge it.
-    diesel_async::RunQueryDsl::execute(
-        diesel::sql_query("WITH aged AS (UPDATE inbox_finished SET processed_at = now() - interval '5 days' WHERE status = 2 RETURNING id) \
-                           UPDATE inbox_events SET received_at = now() - interval '5 days' WHERE id IN (SELECT id FROM aged)"),
-        &mut conn,
-    )
-    .await
-    .unwrap();
+    // Age every event past a retention of 4 days (into the journal's partition of 5 days
+    // ago), then purge: the done one goes with its day, the replayed ones are kept.
+    for statement in [
+        "SELECT inbox_create_journal_day((now() AT TIME ZONE 'UTC')::date - 5)",
+        "UPDATE inbox_finished SET processed_at = now() - interval '5 days' WHERE status = 2",
+        "UPDATE inbox_events SET received_at = now() - interval '5 days', \
+                journal_day = (now() AT TIME ZONE 'UTC')::date - 5",
+    ] {
+        diesel_async::RunQueryDsl::execute(diesel::sql_query(statement), &mut conn)
+            .await
+            .unwrap();
+    }
     diesel_async::RunQueryDsl::execute(
         diesel::sql_query("UPDATE processed_events SET processed_at = now() - interval '5 days'"),
         &mut conn,
@@ -290,13 +294,19 @@ async fn operator_commands_show_the_backlog_list_replay_and_purge() {
     .unwrap();
     let purged = stdout(&output(&db, &["purge", "--older-than", "4days"]));
     assert!(
-        purged.contains("purged 1 done event(s) and 1 processed-event record(s)"),
+        purged.contains(
+            "purged 1 done event(s) (1 journal day(s) dropped) and 1 processed-event record(s)"
+        ),
         "{purged}"
     );
     assert_eq!(
-        count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox").await,
+        count(&mut conn, "SELECT count(*) AS n FROM inbox_events_kept").await,
         2,
-        "the replayed events stay"
+        "the replayed events stay, moved out of their dropped day"
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox").await,
+        2
     );
 }
 

@@ -78,12 +78,12 @@ struct StoredHash {
 }
 
 /// Stores a batch of events in one statement, so one commit serves them all:
-/// `INSERT INTO inbox_events ... ON CONFLICT (provider, event_id) DO NOTHING`, and a ready
-/// `inbox_queue` row for each event inserted. Duplicates within the batch are
+/// `INSERT INTO inbox_dedup ... ON CONFLICT (provider, event_id) DO NOTHING`, and for each key
+/// inserted its journal row in `inbox_events` and a ready `inbox_queue` row. Duplicates within the batch are
 /// folded before the insert. Returns one outcome per input event, in input order.
 ///
 /// The insert is one implicit transaction: every outcome is durable when this returns `Ok`.
-/// Only when some events were duplicates does a second statement read the stored rows' body
+/// Only when some events were duplicates does a second statement read the stored keys' body
 /// hashes, to tell a faithful redelivery from one whose body differs.
 ///
 /// It does not wake the workers: see [`notify_new_events`], sent after the commit, because a
@@ -131,28 +131,34 @@ pub async fn insert_events(
         .map(|o| o.map_or(0, |o| super::duration_millis(o.hold)))
         .collect();
 
-    // Prepared once per connection: its plan (a function scan feeding the insert) is the same
+    // Prepared once per connection: its plan (function scans feeding the inserts) is the same
     // whatever the arrays' sizes, so the generic plan PostgreSQL settles on is the right one.
-    // The journal row and its queue row (ready, due now, or after its reorder window; with
-    // its ordering key and sequence, if any) in the same statement.
+    // The key first: it is what deduplicates across the journal's days and hands out the id;
+    // then, for the keys inserted, the journal row and the queue row (ready, due now, or
+    // after its reorder window; with its ordering key and sequence, if any).
     let inserted: Vec<InsertedKey> = cached_sql(
         "WITH input AS ( \
              SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::bytea[], \
                                   $6::bytea[], $7::text[], $8::bigint[], $9::bigint[]) \
                  AS input(provider, event_id, event_type, headers, body, body_sha256, \
                           ordering_key, ordering_sequence, hold_ms) \
-         ), inserted AS ( \
-             INSERT INTO inbox_events (provider, event_id, event_type, headers, body, body_sha256) \
-             SELECT provider, event_id, event_type, headers, body, body_sha256 FROM input \
+         ), keyed AS ( \
+             INSERT INTO inbox_dedup (provider, event_id, body_sha256) \
+             SELECT provider, event_id, body_sha256 FROM input \
              ON CONFLICT (provider, event_id) DO NOTHING \
              RETURNING id, provider, event_id \
+         ), journaled AS ( \
+             INSERT INTO inbox_events (id, provider, event_id, event_type, headers, body, body_sha256) \
+             SELECT keyed.id, input.provider, input.event_id, input.event_type, input.headers, \
+                    input.body, input.body_sha256 \
+             FROM keyed JOIN input USING (provider, event_id) \
          ), queued AS ( \
              INSERT INTO inbox_queue (id, ordering_key, ordering_sequence, next_attempt_at) \
-             SELECT inserted.id, input.ordering_key, input.ordering_sequence, \
+             SELECT keyed.id, input.ordering_key, input.ordering_sequence, \
                     now() + input.hold_ms * interval '1 millisecond' \
-             FROM inserted JOIN input USING (provider, event_id) \
+             FROM keyed JOIN input USING (provider, event_id) \
          ) \
-         SELECT provider, event_id FROM inserted",
+         SELECT provider, event_id FROM keyed",
         (
             bind::<Array<Text>, _>(&providers),
             bind::<Array<Text>, _>(&event_ids),
@@ -184,9 +190,9 @@ pub async fn insert_events(
     } else {
         let (providers, event_ids) = key_columns(events, &duplicates);
         cached_sql(
-            "SELECT inbox.provider, inbox.event_id, inbox.body_sha256 \
+            "SELECT stored.provider, stored.event_id, stored.body_sha256 \
              FROM unnest($1::text[], $2::text[]) AS input(provider, event_id) \
-             JOIN inbox_events AS inbox USING (provider, event_id)",
+             JOIN inbox_dedup AS stored USING (provider, event_id)",
             (
                 bind::<Array<Text>, _>(&providers),
                 bind::<Array<Text>, _>(&event_ids),

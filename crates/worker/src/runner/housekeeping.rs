@@ -66,9 +66,10 @@ impl Worker {
         }
         .await;
         match result {
-            Ok(purged) if purged.events + purged.processed_records > 0 => {
+            Ok(purged) if purged.events + purged.days + purged.processed_records > 0 => {
                 tracing::info!(
                     events = purged.events,
+                    days = purged.days,
                     processed_records = purged.processed_records,
                     "purged old done events"
                 );

@@ -83,6 +83,7 @@ impl Worker {
             let shutdown = shutdown.clone();
             async move { worker.housekeeping(shutdown).await }
         });
+        let journal_days = tokio::spawn(inbox_core::journal::keep_days_ahead(self.pool.clone()));
         // The leases need keeping until the last attempt ends, shutdown grace included.
         let lease_keeper = self.settings.heartbeat.then(|| self.start_lease_keeper());
         // Several claim loops, so one claim's round trip and commit never leaves the others'
@@ -99,6 +100,7 @@ impl Worker {
         });
         futures_util::future::join_all(loops).await;
         housekeeping.abort();
+        journal_days.abort();
         if let Some(lease_keeper) = lease_keeper {
             lease_keeper.stop().await;
         }
