@@ -1,7 +1,8 @@
 //! The console's Prometheus metrics. Labels are bounded: the route is the matched pattern
 //! (never a path with an id in it), outcomes and actions are fixed words.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use inbox_core::metrics::counter_vec as counter;
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Registry};
 
 /// Every metric of the console; cheap to clone.
 #[derive(Clone, Debug)]
@@ -18,15 +19,6 @@ pub struct Metrics {
     pub repairs: IntCounterVec,
     /// `inbox_console_refusals_total{reason}`: state changes refused (csrf, role, read_only).
     pub refusals: IntCounterVec,
-}
-
-fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let metric = IntCounterVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|err| panic!("metric {name} is malformed: {err}"));
-    registry
-        .register(Box::new(metric.clone()))
-        .unwrap_or_else(|err| panic!("metric {name} registered twice: {err}"));
-    metric
 }
 
 impl Default for Metrics {

@@ -1,7 +1,7 @@
 //! What both binaries' metrics have in common: a private registry with the `inbox_` prefix,
 //! process metrics (CPU, resident memory), and the text exposition Prometheus scrapes.
 
-use prometheus::{Encoder, Registry, TextEncoder};
+use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
 
 /// Prefix of every metric the project exports.
 pub const PREFIX: &str = "inbox";
@@ -17,6 +17,17 @@ pub fn new_registry() -> Registry {
         let _duplicate = prometheus::default_registry().register(Box::new(collector));
     }
     registry
+}
+
+/// A counter with `labels`, registered in `registry`. Metric definitions are constants of the
+/// code: a malformed or twice-registered one is a bug found by the first test that builds it.
+pub fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|err| panic!("metric {name} is malformed: {err}"));
+    registry
+        .register(Box::new(metric.clone()))
+        .unwrap_or_else(|err| panic!("metric {name} registered twice: {err}"));
+    metric
 }
 
 /// The text exposition of `registry` plus the process metrics.

@@ -1,8 +1,9 @@
 //! The receiver's Prometheus metrics. Labels are bounded: provider is a configured name (or
 //! `unknown`), outcome a fixed word, secret a configured label; never a value from a request.
 
+use inbox_core::metrics::counter_vec as counter;
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Registry,
 };
 
 use crate::ingest::StoreError;
@@ -47,15 +48,6 @@ pub struct Metrics {
     /// `inbox_receiver_signature_verified_total{provider,secret}`: which secret verified each
     /// request, so an old secret can be retired once it sees no traffic.
     pub verified_by_secret: IntCounterVec,
-}
-
-fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let metric = IntCounterVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|err| panic!("metric {name} is malformed: {err}"));
-    registry
-        .register(Box::new(metric.clone()))
-        .unwrap_or_else(|err| panic!("metric {name} registered twice: {err}"));
-    metric
 }
 
 impl Default for Metrics {
