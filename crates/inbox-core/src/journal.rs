@@ -31,9 +31,6 @@ pub struct JournalPartition {
     /// Its table name.
     #[diesel(sql_type = Text)]
     pub name: String,
-    /// The first day it holds; `None` for the kept partition.
-    #[diesel(sql_type = Nullable<Date>)]
-    pub first_day: Option<NaiveDate>,
     /// The day after the last it holds; `None` for the kept partition.
     #[diesel(sql_type = Nullable<Date>)]
     pub end_day: Option<NaiveDate>,
@@ -121,8 +118,6 @@ pub async fn ensure_day(conn: &mut AsyncPgConnection, day: NaiveDate) -> QueryRe
 pub async fn partitions(conn: &mut AsyncPgConnection) -> QueryResult<Vec<JournalPartition>> {
     diesel::sql_query(
         "SELECT part.relname::text AS name, \
-                nullif(substring(pg_get_expr(part.relpartbound, part.oid) \
-                       FROM 'FROM \\(''([^'']+)''\\)'), 'infinity')::date AS first_day, \
                 substring(pg_get_expr(part.relpartbound, part.oid) \
                           FROM 'TO \\(''([^'']+)''\\)')::date AS end_day, \
                 inherits.inhdetachpending AS detach_pending \
@@ -293,7 +288,6 @@ mod tests {
     fn a_day_is_received_before_a_cutoff_at_or_after_its_end() {
         let partition = JournalPartition {
             name: "inbox_events_20261124".into(),
-            first_day: Some(day("2026-11-24")),
             end_day: Some(day("2026-11-25")),
             detach_pending: false,
         };
@@ -306,7 +300,6 @@ mod tests {
         assert!(!partition.received_before(at("2026-11-24T23:59:59Z")));
         let kept = JournalPartition {
             end_day: None,
-            first_day: None,
             ..partition
         };
         assert!(!kept.received_before(at("2100-01-01T00:00:00Z")));
