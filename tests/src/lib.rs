@@ -193,10 +193,12 @@ impl RunningWorker {
         }
     }
 
-    /// Asks it to stop and waits until it has.
-    pub async fn stop(self) {
+    /// Asks it to stop, waits until it has, and hands back its metrics: counters move just
+    /// after each commit, so they are final only once the worker has stopped.
+    pub async fn stop(self) -> WorkerMetrics {
         let _ = self.stop.send(true);
         self.task.await.unwrap();
+        self.metrics
     }
 }
 

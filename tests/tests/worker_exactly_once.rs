@@ -308,11 +308,11 @@ async fn an_event_no_route_matches_is_completed_as_ignored() {
     )
     .await;
     let ignored = worker
-        .metrics
+        .stop()
+        .await
         .events
         .with_label_values(&["demo", "other", "ignored"])
         .get();
-    worker.stop().await;
     assert_eq!(ignored, 1);
     assert_eq!(
         count(&mut conn, "SELECT count(*) AS n FROM demo_ledger").await,
@@ -514,8 +514,7 @@ async fn in_a_shared_transaction_a_failing_event_undoes_only_its_own_writes() {
         Duration::from_secs(30),
     )
     .await;
-    let reruns = worker.metrics.savepoint_reruns.get();
-    worker.stop().await;
+    let reruns = worker.stop().await.savepoint_reruns.get();
 
     // evt_0..evt_299: multiples of 10 are rejected, other multiples of 15 panic (twice: dead).
     let failing = (0..300).filter(|n| n % 10 == 0 || n % 15 == 0).count() as i64;
@@ -584,11 +583,11 @@ async fn a_batch_of_demo_events_gets_one_line_each_and_skips_effects_already_rec
     )
     .await;
     let ignored = worker
-        .metrics
+        .stop()
+        .await
         .events
         .with_label_values(&["demo", "*", "ignored"])
         .get();
-    worker.stop().await;
     assert_eq!(ignored, 10);
     assert_eq!(
         count(&mut conn, "SELECT count(*) AS n FROM demo_ledger").await,

@@ -90,9 +90,9 @@ async fn a_handler_blocking_its_thread_past_the_lease_keeps_its_lease_and_its_fi
         Duration::from_secs(30),
     )
     .await;
-    let rescued = worker.metrics.rescued.with_label_values(&["ready"]).get()
-        + worker.metrics.rescued.with_label_values(&["dead"]).get();
-    worker.stop().await;
+    let metrics = worker.stop().await;
+    let rescued = metrics.rescued.with_label_values(&["ready"]).get()
+        + metrics.rescued.with_label_values(&["dead"]).get();
     assert_eq!(rescued, 0, "the lease never expired");
     assert_eq!(
         count(&mut conn, "SELECT attempt::bigint AS n FROM webhook_inbox").await,
@@ -261,8 +261,7 @@ async fn a_lost_lease_in_a_shared_transaction_costs_the_other_events_no_attempt_
         Duration::from_secs(20),
     )
     .await;
-    let lost = worker.metrics.lease_lost.get();
-    worker.stop().await;
+    let lost = worker.stop().await.lease_lost.get();
     assert_eq!(lost, 1, "only evt_b's lease was lost");
     assert_eq!(
         count(&mut conn, "SELECT count(*) AS n FROM webhook_inbox WHERE event_id IN ('evt_a', 'evt_c') AND attempt = 1").await,

@@ -315,10 +315,11 @@ async fn a_provider_that_skips_late_arrivals_completes_them_without_its_handler(
         Duration::from_secs(20),
     )
     .await;
-    let metrics = String::from_utf8(workers[0].metrics.render()).unwrap();
+    let mut stopped = Vec::new();
     for worker in workers {
-        worker.stop().await;
+        stopped.push(worker.stop().await);
     }
+    let metrics = String::from_utf8(stopped[0].render()).unwrap();
     assert_eq!(
         recorder.seen("pi_1"),
         [Seen {

@@ -56,8 +56,7 @@ async fn a_failing_handler_is_retried_then_dead_lettered() {
         Duration::from_secs(20),
     )
     .await;
-    let metrics = worker.metrics.render();
-    worker.stop().await;
+    let metrics = worker.stop().await.render();
 
     assert_eq!(
         count(
