@@ -269,6 +269,9 @@ pub fn serve_args_for_database(
         body_timeout: Duration::from_secs(2),
         retry_after_secs: 1,
         shutdown_timeout: Duration::from_secs(5),
+        rejections_per_second: 10,
+        rejections_max_age: Duration::from_secs(14 * 86_400),
+        rejections_max_rows: 100_000,
         http_workers: Some(2),
         db: database,
     }

@@ -18,6 +18,7 @@ pub mod pg_connect;
 pub mod pg_tls;
 pub mod pg_url;
 pub mod prepared;
+pub mod rejections;
 pub mod schema;
 mod status;
 pub mod telemetry;

@@ -150,7 +150,7 @@ pub fn handshake_answer(reply: HandshakeReply) -> HttpResponse {
 /// within [`MAX_STORED_HEADER_BYTES`]: smallest first, so a few huge headers cannot push out
 /// the ones that identify the delivery, and by name among equals, so what is kept does not
 /// depend on the map's order.
-fn stored_headers(headers: &HeaderMap, provider: &Provider) -> serde_json::Value {
+pub(crate) fn stored_headers(headers: &HeaderMap, provider: &Provider) -> serde_json::Value {
     let mut names: Vec<(usize, &str)> = headers
         .keys()
         .map(|name| name.as_str())

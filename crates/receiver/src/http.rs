@@ -13,16 +13,19 @@ use actix_web::{web, HttpMessage as _, HttpRequest, HttpResponse};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use inbox_core::db::PgPool;
+use inbox_core::rejections::NewRejection;
 use inbox_signature::{HandshakeKind, HeaderSource, Request, SigningKey};
+use sha2::{Digest as _, Sha256};
 use tracing_actix_web::RequestId;
 
-use crate::accept::{acknowledgement, handshake_answer, store_all};
+use crate::accept::{acknowledgement, handshake_answer, store_all, stored_headers};
 use crate::budget::{BodyBudget, Reservation};
 use crate::error::ApiError;
 use crate::identify::identify;
 use crate::ingest::Ingestor;
 use crate::metrics::{Metrics, UNKNOWN_PROVIDER};
 use crate::providers::{FieldSource, Identity, Provider, Providers};
+use crate::rejections::RejectionLog;
 
 /// Body bytes reserved before any arrive; the buffer grows as the body does.
 const INITIAL_BODY_CAPACITY: usize = 64 * 1024;
@@ -59,6 +62,8 @@ pub struct AppState {
     pub readiness_timeout: Duration,
     /// The last readiness check, reused for [`READINESS_CACHE`].
     pub readiness: tokio::sync::Mutex<Option<(Instant, bool)>>,
+    /// The record of refusals.
+    pub rejections: RejectionLog,
 }
 
 /// How long a readiness result is reused: probes, however many, cost the database at most
@@ -101,14 +106,21 @@ async fn receive(
     let started = Instant::now();
     let provider = state.providers.get(&provider);
     let label = provider.map_or(UNKNOWN_PROVIDER, |p| p.name.as_str());
+    // The body once read, for the record of a refusal (its size and hash).
+    let mut body = None;
     let result = match provider {
-        Some(provider) => receive_for(&request, provider, payload, &state, started).await,
+        Some(provider) => {
+            receive_for(&request, provider, payload, &state, started, &mut body).await
+        }
         None => Err(ApiError::UnknownProvider),
     };
     let outcome = match &result {
         Ok((_, outcome)) => outcome,
         Err(err) => {
             tracing::warn!(provider = label, code = err.code(), error = %err.chain(), "webhook rejected");
+            if let Some(provider) = provider {
+                record_refusal(&state, &request, provider, err, body.as_ref());
+            }
             err.outcome()
         }
     };
@@ -126,11 +138,13 @@ async fn receive_for(
     payload: web::Payload,
     state: &AppState,
     started: Instant,
+    read: &mut Option<Bytes>,
 ) -> Result<(HttpResponse, &'static str), ApiError> {
     let headers = RequestHeaders(request.headers());
     check_identity_headers(request.headers(), provider)?;
     // Held until the answer: the body and its copies stay within the budget.
     let (body, _reservation) = read_body(request.headers(), payload, state).await?;
+    *read = Some(body.clone());
     let url = request_url(request, provider);
     let signed = Request {
         method: "POST",
@@ -151,6 +165,45 @@ async fn receive_for(
         .observe(started.elapsed().as_secs_f64());
     let batch = matches!(provider.identity, Identity::Batch(_));
     Ok((acknowledgement(provider, stored, batch), stored.outcome()))
+}
+
+/// Hands a 4xx answered on `provider`'s path to the record of refusals, within its rate:
+/// the kept headers, the body's size and hash (the declared size when it was not read), never
+/// the body itself.
+fn record_refusal(
+    state: &AppState,
+    request: &HttpRequest,
+    provider: &Provider,
+    error: &ApiError,
+    body: Option<&Bytes>,
+) {
+    use actix_web::ResponseError as _;
+    let status = error.status_code();
+    if !status.is_client_error() || !state.rejections.admit(&provider.name) {
+        return;
+    }
+    let declared = || {
+        request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or(0)
+    };
+    let request_id = request
+        .extensions()
+        .get::<RequestId>()
+        .map_or_else(String::new, ToString::to_string);
+    state.rejections.record(NewRejection {
+        at: chrono::Utc::now(),
+        provider: provider.name.clone(),
+        cause: error.code().to_owned(),
+        status: i16::try_from(status.as_u16()).unwrap_or(i16::MAX),
+        request_id,
+        headers: stored_headers(request.headers(), provider),
+        body_bytes: body.map_or_else(declared, |b| i64::try_from(b.len()).unwrap_or(i64::MAX)),
+        body_sha256: body.map(|b| Sha256::digest(b).into()),
+    });
 }
 
 /// Verifies the request against the provider's keys (unless it is unsigned) and counts which

@@ -19,4 +19,5 @@ pub mod metrics;
 pub mod notifier;
 pub mod ordering;
 pub mod providers;
+pub mod rejections;
 pub mod server;

@@ -48,6 +48,17 @@ pub struct Metrics {
     /// `inbox_receiver_signature_verified_total{provider,secret}`: which secret verified each
     /// request, so an old secret can be retired once it sees no traffic.
     pub verified_by_secret: IntCounterVec,
+    /// `inbox_receiver_rejections_recorded_total{provider}`: refusals written to
+    /// `inbox_rejections`.
+    pub rejections_recorded: IntCounterVec,
+    /// `inbox_receiver_rejections_unrecorded_total{provider,reason}`: refusals left out of
+    /// `inbox_rejections`: over the per-provider rate (rate_limited), the writer's queue full
+    /// (queue_full), or the write failed (write_failed).
+    pub rejections_unrecorded: IntCounterVec,
+    /// `inbox_receiver_replays_suppressed_total{provider}`: events whose body was already
+    /// stored under another id of the same type within the dedup window, stored as
+    /// suppressed replays and not handed to a handler.
+    pub replays_suppressed: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -151,6 +162,24 @@ impl Metrics {
             "Requests verified, by provider and the configured secret that matched.",
             &["provider", "secret"],
         );
+        let rejections_recorded = counter(
+            &registry,
+            "receiver_rejections_recorded_total",
+            "Refusals (4xx on a configured provider's path) written to inbox_rejections.",
+            &["provider"],
+        );
+        let rejections_unrecorded = counter(
+            &registry,
+            "receiver_rejections_unrecorded_total",
+            "Refusals left out of inbox_rejections, by reason (rate_limited, queue_full, write_failed).",
+            &["provider", "reason"],
+        );
+        let replays_suppressed = counter(
+            &registry,
+            "receiver_replays_suppressed_total",
+            "Events stored as suppressed replays: a body already stored under another id within the dedup window.",
+            &["provider"],
+        );
         Self {
             registry,
             requests,
@@ -164,6 +193,9 @@ impl Metrics {
             budget_refusals,
             body_mismatches,
             verified_by_secret,
+            rejections_recorded,
+            rejections_unrecorded,
+            replays_suppressed,
         }
     }
 

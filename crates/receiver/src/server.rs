@@ -15,6 +15,7 @@ use crate::http::{self, AppState, Limits};
 use crate::ingest::{IngestMode, IngestSettings, Ingestor, DEFAULT_MAX_BATCH, DEFAULT_WRITERS};
 use crate::metrics::Metrics;
 use crate::providers::Providers;
+use crate::rejections::{RejectionLog, RejectionSettings};
 
 /// Default body size limit: 1 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -85,6 +86,17 @@ pub struct ServeArgs {
     /// On SIGTERM, how long in-flight requests may take to finish.
     #[arg(long, env = "RECEIVER_SHUTDOWN_TIMEOUT", value_parser = humantime::parse_duration, default_value = "30s")]
     pub shutdown_timeout: Duration,
+    /// Refusals (4xx on a configured provider's path) recorded in inbox_rejections per
+    /// provider per second at most; the rest are counted in
+    /// inbox_receiver_rejections_unrecorded_total. 0 records none.
+    #[arg(long, env = "RECEIVER_REJECTIONS_PER_SECOND", default_value_t = 10)]
+    pub rejections_per_second: u32,
+    /// Refusals older than this are deleted from inbox_rejections (checked every minute).
+    #[arg(long, env = "RECEIVER_REJECTIONS_MAX_AGE", value_parser = humantime::parse_duration, default_value = "14days")]
+    pub rejections_max_age: Duration,
+    /// Rows kept in inbox_rejections at most: older ones beyond it are deleted.
+    #[arg(long, env = "RECEIVER_REJECTIONS_MAX_ROWS", default_value_t = 100_000, value_parser = clap::value_parser!(i64).range(1..))]
+    pub rejections_max_rows: i64,
     /// HTTP worker threads (default: one per CPU core).
     #[arg(long, env = "RECEIVER_HTTP_WORKERS")]
     pub http_workers: Option<usize>,
@@ -104,6 +116,7 @@ pub struct RunningReceiver {
     pub handle: ServerHandle,
     metrics_handle: ServerHandle,
     journal_days: tokio::task::JoinHandle<()>,
+    rejection_writer: tokio::task::JoinHandle<()>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     metrics_server: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -114,6 +127,7 @@ impl RunningReceiver {
     pub async fn wait(self) -> anyhow::Result<()> {
         let served = self.server.await.context("webhook server task failed")?;
         self.journal_days.abort();
+        self.rejection_writer.abort();
         self.metrics_handle.stop(true).await;
         let _ = self.metrics_server.await;
         served.context("webhook server failed")
@@ -143,7 +157,17 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
         Some(connection),
         metrics.clone(),
     );
+    let (rejections, rejection_writer) = RejectionLog::start(
+        RejectionSettings {
+            per_second: args.rejections_per_second,
+            max_age: args.rejections_max_age,
+            max_rows: args.rejections_max_rows,
+        },
+        pool.clone(),
+        metrics.clone(),
+    );
     let state = web::Data::new(AppState {
+        rejections,
         providers,
         ingestor,
         metrics: metrics.clone(),
@@ -212,6 +236,7 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
         handle,
         metrics_handle,
         journal_days,
+        rejection_writer,
         server: tokio::spawn(server),
         metrics_server: tokio::spawn(metrics_server),
     })

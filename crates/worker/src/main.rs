@@ -50,7 +50,7 @@ enum Command {
     Run(Box<RunArgs>),
     /// Apply pending database migrations, then exit.
     Migrate(inbox_core::db::MigrateArgs),
-    /// Operator commands (stats, list, show, replay, purge).
+    /// Operator commands (stats, list, show, replay, rejections, purge).
     #[command(flatten)]
     Operator(operator::OperatorCommand),
 }

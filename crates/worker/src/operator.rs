@@ -125,6 +125,25 @@ pub enum OperatorCommand {
         #[command(flatten)]
         db: Database,
     },
+    /// Why deliveries were refused: the 4xx answers the receiver recorded in
+    /// inbox_rejections, grouped by provider and cause (invalid_signature, stale_timestamp,
+    /// invalid_body, body_too_large, missing_event_id, ...), most frequent first, with how
+    /// many, the first and last seen, and the request id of the last one (the X-Request-Id
+    /// the sender was answered, which the receiver's log lines carry too).
+    ///
+    /// The receiver records at most --rejections-per-second refusals per provider per second
+    /// (the rest are counted in inbox_receiver_rejections_unrecorded_total, so counts here
+    /// are a lower bound under a flood) and keeps them --rejections-max-age.
+    Rejections {
+        /// Only this provider.
+        #[arg(long)]
+        provider: Option<String>,
+        /// Only refusals at or after this time (RFC 3339, e.g. 2026-12-01T00:00:00Z).
+        #[arg(long)]
+        since: Option<DateTime<Utc>>,
+        #[command(flatten)]
+        db: Database,
+    },
     /// Delete done events that finished more than --older-than ago (dead events are kept).
     Purge {
         /// Retention of done events, e.g. 7days. Must be at least the dedup window.
@@ -254,6 +273,19 @@ impl OperatorCommand {
                 writeln!(out, "replayed {replayed} dead event(s)")?;
                 Ok(())
             }
+            Self::Rejections {
+                provider,
+                since,
+                db,
+            } => {
+                let groups = inbox_core::rejections::grouped(
+                    &mut db.connect().await?,
+                    provider.as_deref(),
+                    since,
+                )
+                .await?;
+                rejections(out, &groups)
+            }
             Self::Purge {
                 older_than,
                 dedup_window,
@@ -293,6 +325,36 @@ fn list(out: &mut impl Write, rows: &[operations::EventSummary]) -> anyhow::Resu
                 .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             escape::line(&row.event_id),
             escape::line(row.last_error.as_deref().unwrap_or(""))
+        )?;
+    }
+    Ok(())
+}
+
+fn rejections(
+    out: &mut impl Write,
+    groups: &[inbox_core::rejections::RejectionGroup],
+) -> anyhow::Result<()> {
+    if groups.is_empty() {
+        writeln!(out, "no refusals recorded")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{:<16}  {:<20}  {:>6}  {:>8}  {:<20}  {:<20}  sample_request_id",
+        "provider", "cause", "status", "count", "first_seen", "last_seen"
+    )?;
+    let time = |t: &DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    for group in groups {
+        writeln!(
+            out,
+            "{:<16}  {:<20}  {:>6}  {:>8}  {:<20}  {:<20}  {}",
+            escape::line(&group.provider),
+            escape::line(&group.cause),
+            group.status,
+            group.count,
+            time(&group.first_at),
+            time(&group.last_at),
+            escape::line(&group.sample_request_id)
         )?;
     }
     Ok(())
