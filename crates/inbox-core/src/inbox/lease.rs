@@ -89,6 +89,11 @@ pub struct Claim {
 /// (waited on, in key order) until the statement commits, right away. The lease, not a row
 /// lock, protects the row while the handler runs.
 ///
+/// Each claimed event's journal row is read by key, in a `LATERAL` subquery with a `LIMIT` the
+/// planner cannot turn into a join. Joined plainly, a generic plan made while the day's
+/// partition has no statistics (its first minute) hashes the whole partition on every claim,
+/// bodies included, and keeps doing so as the day fills.
+///
 /// The due ids are collected into arrays first, evaluated once, and the rows updated by
 /// primary key. Joined to a subquery (or to a materialized CTE) instead, the statement has a
 /// generic plan that scans the whole table, because the planner cannot see the `LIMIT`:
@@ -144,7 +149,9 @@ pub async fn claim_due(
                     claimed.ordering_key, claimed.ordering_sequence, \
                     coalesce(claimed.ordering_sequence < keyed.processed_sequence, false) AS stale, \
                     coalesce(policy.skip_stale, false) AS skip_stale \
-             FROM claimed JOIN inbox_events AS event ON event.id = claimed.id \
+             FROM claimed CROSS JOIN LATERAL ( \
+                 SELECT * FROM inbox_events WHERE inbox_events.id = claimed.id LIMIT 1 \
+             ) AS event \
              LEFT JOIN keyed ON keyed.id = claimed.id \
              LEFT JOIN inbox_ordering_providers AS policy \
                  ON claimed.ordering_key IS NOT NULL AND policy.provider = event.provider \

@@ -1,0 +1,69 @@
+//! The claim is a prepared statement: after a few executions PostgreSQL may keep one generic
+//! plan for the connection's life, chosen with the statistics of that moment. A day's journal
+//! partition starts with none (it is analyzed a minute or more into the day), and without
+//! them the planner cannot tell that a claimed event joins one journal row: it hashed the whole
+//! partition on every claim, which reads every body of the day. Under a steady 3,000/s the
+//! drain fell to 300 events/s within a minute, until an autoanalyze replanned it. The claim
+//! must read the journal rows of the events it claims by key, whatever the statistics say.
+#![allow(clippy::unwrap_used)] // a test stops at the first failed step
+
+use std::time::Duration;
+
+use diesel::sql_types::BigInt;
+use diesel::QueryableByName;
+use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+use inbox_core::inbox::{claim_due, insert_events, NewEvent};
+use test_db::TestDatabase;
+
+fn event(n: usize) -> NewEvent {
+    let body = format!(r#"{{"id":"evt_{n}","padding":"{}"}}"#, "x".repeat(900)).into_bytes();
+    NewEvent {
+        provider: "demo".into(),
+        event_id: format!("evt_{n}"),
+        event_type: Some("test.event".into()),
+        headers: serde_json::json!({}),
+        body_sha256: [0; 32],
+        ordering: None,
+        body,
+    }
+}
+
+#[derive(QueryableByName)]
+struct Scans {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_reads_the_journal_by_key_even_under_a_generic_plan_made_before_any_statistics() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let events: Vec<NewEvent> = (0..2_000).map(event).collect();
+    for chunk in events.chunks(500) {
+        insert_events(&mut conn, chunk).await.unwrap();
+    }
+    // The plan PostgreSQL may settle on after five executions, made at once.
+    conn.batch_execute("SET plan_cache_mode = force_generic_plan")
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        conn.batch_execute("BEGIN").await.unwrap();
+        let claim = claim_due(&mut conn, "w1", Duration::from_secs(30), 100)
+            .await
+            .unwrap();
+        assert_eq!(claim.events.len(), 100);
+        // Rows this transaction read by scanning tables (not yet flushed to the statistics).
+        let scans: Scans = diesel::sql_query(
+            "SELECT coalesce(sum(seq_tup_read), 0)::bigint AS n FROM pg_stat_xact_user_tables \
+             WHERE relname LIKE 'inbox\\_events%'",
+        )
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+        conn.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(
+            scans.n, 0,
+            "a claim scanned the journal instead of reading its rows by key"
+        );
+    }
+}
