@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 PG := scripts/local-postgres
 
-.PHONY: all build run test lint unit-test deploy-check bench chaos fmt clean
+.PHONY: all build run test lint unit-test deploy-check bench soak chaos fmt clean
 
 all: build
 
@@ -31,6 +31,12 @@ deploy-check:
 ## writes bench/report.md and bench/chart.svg (about 10 minutes).
 bench:
 	bench/run
+
+## The steady state: half an hour at half the measured drain capacity on the `production`
+## PostgreSQL profile, sampled every minute; writes bench/soak/report.md and chart.svg.
+## SOAK_MINUTES (30), SOAK_SHARE (50 %), SOAK_RATE, SOAK_PROFILE: see bench/soak.
+soak:
+	bench/soak
 
 ## Proof under fire, long version (minutes): two receivers and three workers under the provider
 ## simulator, workers and receivers killed with SIGKILL, PostgreSQL stopped abruptly, then a

@@ -145,6 +145,32 @@ w(f"From the receiver's 2xx (as the client saw it) to the handler's commit (`pro
   "had read its answer, counted as 0). Answers: p50 "
   f"{e2e.get('answer_p50_ms', 0):.2f} ms, p99 {e2e.get('answer_p99_ms', 0):.2f} ms.")
 w("")
+wal = {r["label"]: r["result"] for r in of("wal")}
+if wal:
+    w("## WAL per event")
+    w("")
+    w("Read back with `pg_waldump` between the run's first and last LSN (bench/wal-by-part.py): every record "
+      "named by its table and sorted into the part of the event's life that wrote it. The ingest run is "
+      "the group-commit run at 64 connections; the drains are at default flags (the `-defaults` runs above). "
+      "Each run starts right after a checkpoint, so the first change of each page carries its full image.")
+    w("")
+    all_parts = sorted({p for r in wal.values() for p in r["parts"]})
+    w("| run | bytes/event | of which full-page images | " + " | ".join(all_parts) + " |")
+    w("|---|---|---|" + "---|" * len(all_parts))
+    for label, r in wal.items():
+        w(f"| {label} | {r['bytes_per_event']:,.0f} | {r['full_page_image_bytes_per_event']:,.0f} | "
+          + " | ".join(f"{r['parts'].get(p, 0):,.0f}" for p in all_parts) + " |")
+    ingest_wal = wal.get("ingest", {}).get("bytes_per_event", 0)
+    demo_wal = wal.get("drain demo-defaults", {}).get("bytes_per_event", 0)
+    w("")
+    w(f"An event's whole life (ingest, then claim, completion and the demo handler's effect): "
+      f"{ingest_wal + demo_wal:,.0f} bytes.")
+    split = (of("ceiling_claim_complete_100") or [{}])[0].get("wal_bytes_per_event")
+    one_table = (of("ceiling_claim_complete_100_one_table") or [{}])[0].get("wal_bytes_per_event")
+    if split and one_table:
+        w(f"The pgbench claim+completion loop above writes {split:,.0f} bytes per event on the split queue against "
+          f"{one_table:,.0f} on the one-table inbox, whose every claim and completion rewrote the row with its body.")
+    w("")
 w("## Memory")
 w("")
 w("| binary | peak RSS MiB |")

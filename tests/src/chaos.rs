@@ -130,7 +130,7 @@ pub const SECRETS: [(&str, &str); 15] = [
 pub const LEASE: Duration = Duration::from_secs(2);
 
 /// The repository root.
-fn repo_root() -> PathBuf {
+pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
@@ -545,7 +545,7 @@ fn tail(path: &Path, lines: usize) -> String {
 /// A free loopback port outside the usual ephemeral range, so that a receiver restarted on
 /// it does not find it taken by some client connection. Drawn from the thread's random
 /// source, not the scenario's seed: scenarios running side by side must not draw alike.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let mut rng = rand::rng();
     for _ in 0..1_000 {
         let port = rng.random_range(20_000..32_000);

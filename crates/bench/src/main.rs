@@ -6,6 +6,8 @@
 //! - `steady`: open-loop load at a fixed rate, then the time from each 2xx to its handler's
 //!   commit, read from the database.
 //! - `prefill` and `wait-drained`: a backlog for the worker, and the time it takes to empty it.
+//! - `soak`: `steady` for as long as it takes to see a database in its steady state, sampled
+//!   every interval (see `soak.rs`).
 //!
 //! Results are printed as one JSON object per run, for `bench/run` to collect.
 
@@ -25,6 +27,8 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use inbox_signature::providers::{self, Options, TemplateOptions};
 use inbox_signature::{Algorithm, DigestEncoding, Outgoing, Scheme, SigningKey, TimestampFormat};
+
+mod soak;
 
 /// Load generator and measurements for webhook-inbox benchmarks.
 #[derive(Debug, Parser)]
@@ -92,6 +96,38 @@ enum Command {
         #[arg(long)]
         no_e2e: bool,
     },
+    /// Open-loop load at a fixed rate for a long time, sampled every interval (answers,
+    /// processed events, backlog, RSS of the binaries, WAL, checkpoints, autovacuum); once
+    /// drained, the time from each 2xx to its handler's commit, per interval. Prints one JSON
+    /// document; progress goes to stderr.
+    Soak {
+        #[command(flatten)]
+        target: Target,
+        /// Webhooks per second.
+        #[arg(long)]
+        rate: u64,
+        /// How long to send.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "30m")]
+        duration: Duration,
+        /// Length of each sampled interval.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "1m")]
+        interval: Duration,
+        /// The worker's metrics address (host:port), for processed events per interval.
+        #[arg(long)]
+        worker_metrics: Option<String>,
+        /// The receiver's process id, for its RSS.
+        #[arg(long)]
+        receiver_pid: Option<u32>,
+        /// The worker's process id, for its RSS.
+        #[arg(long)]
+        worker_pid: Option<u32>,
+        /// How long the backlog may take to drain after the last send.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+        drain_timeout: Duration,
+        /// Database holding the inbox.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
     /// Inserts a backlog of ready events directly (1 KiB bodies).
     Prefill {
         /// Events to insert.
@@ -143,6 +179,35 @@ async fn main() -> anyhow::Result<()> {
             database_url,
             no_e2e,
         } => steady(&target, rate, duration, &database_url, !no_e2e).await,
+        Command::Soak {
+            target,
+            rate,
+            duration,
+            interval,
+            worker_metrics,
+            receiver_pid,
+            worker_pid,
+            drain_timeout,
+            database_url,
+        } => {
+            anyhow::ensure!(rate > 0, "--rate must be at least 1");
+            anyhow::ensure!(
+                interval >= Duration::from_secs(1) && interval <= duration,
+                "--interval must be at least 1s and at most --duration"
+            );
+            soak::soak(soak::SoakPlan {
+                target: &target,
+                rate,
+                duration,
+                interval,
+                database_url: &database_url,
+                worker_metrics: worker_metrics.as_deref(),
+                receiver_pid,
+                worker_pid,
+                drain_timeout,
+            })
+            .await
+        }
         Command::Prefill {
             events,
             event_type,
