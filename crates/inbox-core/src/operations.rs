@@ -372,8 +372,10 @@ pub async fn purge_done(
 }
 
 /// When the next claimable ready row falls due, if any is waiting: the earlier of the
-/// unordered and the ordered rows' first due time, each read from its own index (events of
-/// paused routes are not waited for: a worker would otherwise wake for them again and again).
+/// unordered rows' first due time and the free ordering keys' (`inbox_keys.due_at`, a lower
+/// bound of their heads'), each read from its own index. Unordered events of paused routes
+/// are not waited for (a worker would otherwise wake for them again and again); a paused
+/// ordered head is looked at once a second by the claim.
 pub async fn next_due(conn: &mut AsyncPgConnection) -> QueryResult<Option<DateTime<Utc>>> {
     #[derive(QueryableByName)]
     struct NextDue {
@@ -384,8 +386,8 @@ pub async fn next_due(conn: &mut AsyncPgConnection) -> QueryResult<Option<DateTi
         "SELECT least( \
              (SELECT min(next_attempt_at) FROM inbox_queue \
               WHERE status = {ready} AND ordering_key IS NULL AND {not_paused}), \
-             (SELECT min(next_attempt_at) FROM inbox_queue \
-              WHERE status = {ready} AND ordering_key IS NOT NULL AND {not_paused})) AS due"
+             (SELECT min(due_at) FROM inbox_keys \
+              WHERE holder IS NULL AND blocked_by IS NULL AND due_at IS NOT NULL)) AS due"
     ))
     .get_result(conn)
     .await?;

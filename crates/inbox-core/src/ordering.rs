@@ -154,7 +154,7 @@ pub enum SkipError {
 
 /// Releases the key that dead event row `id` blocks, keeping `reason` in `inbox_key_skips`:
 /// the event stays dead (a replay may still run it later), the key's next event runs. Returns
-/// the key released.
+/// the key released. The key is due again at once, for its next event to be claimed.
 ///
 /// One statement: the key row is updated only while `blocked_by = id`, so two skips (or a
 /// skip racing a replay) release it once and record one reason.
@@ -174,7 +174,7 @@ pub async fn skip_dead_head(
     }
     let released: Option<Released> = diesel::sql_query(statuses_sql!(
         "WITH released AS ( \
-             UPDATE inbox_keys SET blocked_by = NULL, blocked_since = NULL \
+             UPDATE inbox_keys SET blocked_by = NULL, blocked_since = NULL, due_at = now() \
              WHERE blocked_by = $1 \
                AND EXISTS (SELECT 1 FROM inbox_finished WHERE id = $1 AND status = {dead}) \
              RETURNING ordering_key \

@@ -66,6 +66,8 @@ diesel::table! {
         blocked_by -> Nullable<Int8>,
         blocked_since -> Nullable<Timestamptz>,
         processed_sequence -> Nullable<Int8>,
+        due_at -> Nullable<Timestamptz>,
+        arrivals -> Int8,
     }
 }
 

@@ -75,19 +75,23 @@ pub struct Claim {
 /// journal columns, read (not written) from `inbox_events` by primary key.
 ///
 /// Unordered rows (no ordering key) are taken first, oldest due first, as they come. Ordered
-/// rows fill the rest of the limit, each only if it is its key's head (the lowest
-/// `(ordering_sequence, id)` of the key's rows in the queue, whatever their state) and its
-/// key is free: the claim takes the key by setting `inbox_keys.holder` under that row's lock,
-/// on the row's latest version (`ON CONFLICT DO UPDATE ... WHERE holder IS NULL`), so two
-/// claims of one key serialise there even when their snapshots disagree, and a key with an
-/// event in processing or a dead head blocking it is not claimed at all. The key is freed
-/// by the trigger of migration 8 when its event leaves processing, by any transition. The
-/// unique index `inbox_queue_one_processing_per_key` holds the guarantee in any case.
+/// rows fill the rest of the limit, found by key: the free keys whose head may be due
+/// (`inbox_keys.due_at`, kept by the triggers of migration 11), oldest first, locked `SKIP
+/// LOCKED`; then each key's head (the lowest `(ordering_sequence, id)` of its rows in the
+/// queue, whatever their state) by `inbox_queue_key_order`. A head that is ready, due and not
+/// paused is claimed, and its key taken by setting `inbox_keys.holder`; a key with an event in
+/// processing or a dead head blocking it is never read. A key whose head is not due yet gets
+/// its due time raised to the head's, unless an event arrived for it since this statement's
+/// snapshot (its `arrivals` moved), so it is not read again before then; a paused head is
+/// looked at again a second later. The key is freed by the trigger of migration 8 when its
+/// event leaves processing, by any transition. The unique index
+/// `inbox_queue_one_processing_per_key` holds the guarantee in any case.
 ///
-/// Locks: the queue rows are selected `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
-/// wait on each other nor take the same row; the key rows of the ordered heads are locked
-/// (waited on, in key order) until the statement commits, right away. The lease, not a row
-/// lock, protects the row while the handler runs.
+/// Locks: the unordered queue rows and the keys' rows are selected `FOR UPDATE SKIP LOCKED`,
+/// so concurrent claimers never wait on each other nor take the same row or key; the claimed
+/// heads are updated by primary key, re-checked to be still ready. All locks end when the
+/// statement commits, right away. The lease, not a row lock, protects the row while the
+/// handler runs.
 ///
 /// Each claimed event's journal row is read by key, in a `LATERAL` subquery with a `LIMIT` the
 /// planner cannot turn into a join. Joined plainly, a generic plan made while the day's
@@ -117,32 +121,52 @@ pub async fn claim_due(
                      LIMIT $4 \
                      FOR UPDATE SKIP LOCKED \
                  ) AS ids \
-             ), heads AS MATERIALIZED ( \
-                 SELECT inbox_queue.id, inbox_queue.ordering_key FROM inbox_queue \
-                 WHERE inbox_queue.status = {ready} AND inbox_queue.ordering_key IS NOT NULL \
-                   AND inbox_queue.next_attempt_at <= now() \
-                   AND NOT EXISTS ( \
-                       SELECT 1 FROM inbox_queue AS earlier \
-                       WHERE earlier.ordering_key = inbox_queue.ordering_key \
-                         AND (earlier.ordering_sequence, earlier.id) \
-                             < (inbox_queue.ordering_sequence, inbox_queue.id)) \
-                   AND {not_paused} \
-                 ORDER BY inbox_queue.next_attempt_at \
+             ), due_keys AS MATERIALIZED ( \
+                 SELECT key.ordering_key, key.arrivals FROM inbox_keys AS key \
+                 WHERE key.due_at <= now() AND key.holder IS NULL AND key.blocked_by IS NULL \
+                 ORDER BY key.due_at \
                  LIMIT greatest($4 - cardinality((SELECT ids FROM plain)), 0) \
-                 FOR UPDATE OF inbox_queue SKIP LOCKED \
-             ), keyed AS ( \
-                 INSERT INTO inbox_keys AS key (ordering_key, holder) \
-                 SELECT ordering_key, id FROM heads ORDER BY ordering_key \
-                 ON CONFLICT (ordering_key) DO UPDATE SET holder = excluded.holder \
-                 WHERE key.holder IS NULL AND key.blocked_by IS NULL \
-                 RETURNING key.holder AS id, key.processed_sequence \
+                 FOR UPDATE SKIP LOCKED \
+             ), heads AS MATERIALIZED ( \
+                 SELECT due_keys.ordering_key, head.id, head.next_attempt_at, \
+                        due_keys.arrivals = seen.arrivals AS unchanged, \
+                        coalesce(head.status = {ready} AND head.next_attempt_at <= now() \
+                                 AND head.not_paused, false) AS claimable, \
+                        coalesce(head.status = {ready} AND head.next_attempt_at > now(), false) \
+                            AS waiting \
+                 FROM due_keys \
+                 JOIN inbox_keys AS seen ON seen.ordering_key = due_keys.ordering_key \
+                 LEFT JOIN LATERAL ( \
+                     SELECT inbox_queue.id, inbox_queue.status, inbox_queue.next_attempt_at, \
+                            {not_paused} AS not_paused \
+                     FROM inbox_queue WHERE inbox_queue.ordering_key = due_keys.ordering_key \
+                     ORDER BY inbox_queue.ordering_sequence, inbox_queue.id \
+                     LIMIT 1 \
+                 ) AS head ON true \
+             ), rescheduled AS ( \
+                 UPDATE inbox_keys AS key \
+                 SET due_at = CASE WHEN heads.waiting THEN heads.next_attempt_at \
+                                   WHEN heads.id IS NULL THEN NULL \
+                                   ELSE now() + interval '1 second' END \
+                 FROM heads \
+                 WHERE key.ordering_key = heads.ordering_key AND NOT heads.claimable \
+                   AND heads.unchanged \
              ), claimed AS ( \
                  UPDATE inbox_queue AS queue \
                  SET status = {processing}, attempt = queue.attempt + 1, lease_token = $1, \
                      locked_by = $2, locked_until = now() + $3 * interval '1 millisecond' \
-                 WHERE queue.id = ANY((SELECT ids FROM plain) || ARRAY(SELECT id FROM keyed)) \
+                 WHERE queue.id = ANY((SELECT ids FROM plain) \
+                                      || ARRAY(SELECT id FROM heads WHERE claimable)) \
+                   AND queue.status = {ready} \
                  RETURNING queue.id, queue.attempt, queue.next_attempt_at, queue.ordering_key, \
                            queue.ordering_sequence \
+             ), keyed AS ( \
+                 UPDATE inbox_keys AS key \
+                 SET holder = (SELECT claimed.id FROM claimed \
+                               WHERE claimed.ordering_key = key.ordering_key) \
+                 WHERE key.ordering_key = ANY(ARRAY( \
+                     SELECT ordering_key FROM claimed WHERE ordering_key IS NOT NULL)) \
+                 RETURNING key.holder AS id, key.processed_sequence \
              ) \
              SELECT event.id, event.provider, event.event_id, event.event_type, \
                     event.received_at, event.headers, event.body, claimed.attempt, \
@@ -224,6 +248,48 @@ pub async fn complete_all(
             "WITH completed AS ( \
                  DELETE FROM inbox_queue \
                  WHERE id = ANY($1) AND lease_token = $2 AND status = {processing} \
+                 RETURNING id, attempt, locked_by \
+             ) \
+             INSERT INTO inbox_finished (id, status, attempt, locked_by, processed_at) \
+             SELECT id, {done}, attempt, locked_by, clock_timestamp() FROM completed"
+        ),
+        (
+            bind::<Array<BigInt>, _>(ids),
+            bind::<diesel::sql_types::Uuid, _>(lease_token),
+        ),
+    )
+    .execute(conn)
+    .await?;
+    expect_all(updated, ids.len())
+}
+
+/// [`complete_all`] for rows of which some are ordered: the same completion, after locking the
+/// rows' `inbox_keys` rows in key order. The trigger freeing each key would otherwise lock
+/// them in the order the rows are deleted, and an ingest, which locks the keys of its new
+/// events in key order, could deadlock with it.
+///
+/// Locks the key rows (and the queue rows it deletes) until the caller's transaction ends.
+pub async fn complete_all_keyed(
+    conn: &mut AsyncPgConnection,
+    ids: &[i64],
+    lease_token: Uuid,
+) -> Result<(), TransitionError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let updated = cached_sql(
+        statuses_sql!(
+            "WITH keys AS MATERIALIZED ( \
+                 SELECT key.ordering_key FROM inbox_keys AS key \
+                 WHERE key.ordering_key = ANY(ARRAY( \
+                     SELECT ordering_key FROM inbox_queue \
+                     WHERE id = ANY($1) AND ordering_key IS NOT NULL)) \
+                 ORDER BY key.ordering_key \
+                 FOR UPDATE \
+             ), completed AS ( \
+                 DELETE FROM inbox_queue \
+                 WHERE id = ANY($1) AND lease_token = $2 AND status = {processing} \
+                   AND (SELECT count(*) FROM keys) >= 0 \
                  RETURNING id, attempt, locked_by \
              ) \
              INSERT INTO inbox_finished (id, status, attempt, locked_by, processed_at) \

@@ -12,8 +12,9 @@ pub use ingest::{
     insert_events, notify_new_events, ordering_key, EventOrdering, InsertOutcome, NewEvent,
 };
 pub use lease::{
-    claim_due, complete, complete_all, dead_letter, extend_lease, extend_leases, release_unstarted,
-    rescue_expired, schedule_retry, Claim, ClaimedEvent, Rescued, TransitionError, RESCUE_REASON,
+    claim_due, complete, complete_all, complete_all_keyed, dead_letter, extend_lease,
+    extend_leases, release_unstarted, rescue_expired, schedule_retry, Claim, ClaimedEvent, Rescued,
+    TransitionError, RESCUE_REASON,
 };
 
 /// Longest `last_error` kept; error chains can be long and the row is read on every claim.

@@ -70,7 +70,8 @@ impl Worker {
     ) -> Result<Vec<Outcome>, AttemptError> {
         let mut conn = self.connection().await?;
         let ids: Vec<i64> = events.iter().map(|event| event.id).collect();
-        inbox::complete_all(&mut conn, &ids, token).await?;
+        let ordered = events.iter().any(|event| event.ordering_key.is_some());
+        complete(&mut conn, &ids, token, ordered).await?;
         Ok(events
             .iter()
             .map(|_| Outcome::Done(Handled::Ignored))
@@ -117,12 +118,14 @@ impl Worker {
                         }
                     }
                 }
+                let mut ordered = false;
                 for (routed, outcome) in batch.iter().zip(&outcomes) {
                     if matches!(outcome, Outcome::Done(_)) {
                         completed.push(routed.event.id);
+                        ordered |= routed.event.ordering_key.is_some();
                     }
                 }
-                inbox::complete_all(tx, &completed, token).await?;
+                complete(tx, &completed, token, ordered).await?;
                 Ok(outcomes)
             })
             .await;
@@ -267,4 +270,19 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "non-string panic payload".to_owned())
+}
+
+/// Completes `ids`, locking their ordering keys in key order first when some are `ordered`
+/// (see [`inbox::complete_all_keyed`]); unordered events pay nothing for it.
+async fn complete(
+    conn: &mut AsyncPgConnection,
+    ids: &[i64],
+    token: Uuid,
+    ordered: bool,
+) -> Result<(), inbox::TransitionError> {
+    if ordered {
+        inbox::complete_all_keyed(conn, ids, token).await
+    } else {
+        inbox::complete_all(conn, ids, token).await
+    }
 }
