@@ -383,15 +383,49 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
         .load::<(i64, String, i64, String, chrono::DateTime<chrono::Utc>)>(&mut conn)
         .await
         .unwrap();
+    inbox_core::schema::inbox_rejections::table
+        .load::<(
+            i64,
+            chrono::DateTime<chrono::Utc>,
+            String,
+            String,
+            i16,
+            String,
+            serde_json::Value,
+            i64,
+            Option<Vec<u8>>,
+        )>(&mut conn)
+        .await
+        .unwrap();
+    inbox_core::schema::inbox_replay_bodies::table
+        .load::<(String, String, Vec<u8>, i64, chrono::DateTime<chrono::Utc>)>(&mut conn)
+        .await
+        .unwrap();
+    inbox_core::schema::inbox_suppressed_replays::table
+        .load::<(
+            i64,
+            String,
+            String,
+            Option<String>,
+            chrono::DateTime<chrono::Utc>,
+            serde_json::Value,
+            Vec<u8>,
+            Vec<u8>,
+            Option<String>,
+            Option<i64>,
+            i64,
+        )>(&mut conn)
+        .await
+        .unwrap();
     // And no migrated column is missing from the diesel schema.
     assert_eq!(
-        count(&mut conn, "SELECT count(*) AS n FROM information_schema.columns WHERE table_schema = 'public' AND table_name IN ('inbox_dedup', 'inbox_events', 'inbox_queue', 'inbox_finished', 'webhook_inbox', 'processed_events', 'demo_ledger', 'demo_payments', 'console_audit', 'inbox_paused_routes', 'inbox_keys', 'inbox_ordering_providers', 'inbox_dead_ordering', 'inbox_key_skips')").await,
-        4 + 9 + 11 + 6 + 16 + 3 + 5 + 7 + 8 + 4 + 7 + 4 + 3 + 5
+        count(&mut conn, "SELECT count(*) AS n FROM information_schema.columns WHERE table_schema = 'public' AND table_name IN ('inbox_dedup', 'inbox_events', 'inbox_queue', 'inbox_finished', 'webhook_inbox', 'processed_events', 'demo_ledger', 'demo_payments', 'console_audit', 'inbox_paused_routes', 'inbox_keys', 'inbox_ordering_providers', 'inbox_dead_ordering', 'inbox_key_skips', 'inbox_rejections', 'inbox_replay_bodies', 'inbox_suppressed_replays')").await,
+        4 + 9 + 11 + 6 + 16 + 3 + 5 + 7 + 8 + 4 + 7 + 4 + 3 + 5 + 9 + 5 + 11
     );
     // Nor any table (the journal's partitions are the journal).
     assert_eq!(
         count(&mut conn, "SELECT count(*) AS n FROM information_schema.tables WHERE table_schema = 'public' AND table_name NOT LIKE '\\_\\_diesel%' AND table_name NOT IN (SELECT relname FROM pg_class WHERE relispartition)").await,
-        14
+        17
     );
 }
 

@@ -178,6 +178,50 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    /// Refusals the receiver answered (4xx on a configured provider's path); see
+    /// [`crate::rejections`].
+    inbox_rejections (id) {
+        id -> Int8,
+        at -> Timestamptz,
+        provider -> Text,
+        cause -> Text,
+        status -> Int2,
+        request_id -> Text,
+        headers -> Jsonb,
+        body_bytes -> Int8,
+        body_sha256 -> Nullable<Bytea>,
+    }
+}
+
+diesel::table! {
+    /// Bodies seen within the dedup window, for the replay check; see [`crate::replays`].
+    inbox_replay_bodies (provider, event_type, body_sha256) {
+        provider -> Text,
+        event_type -> Text,
+        body_sha256 -> Bytea,
+        id -> Int8,
+        seen_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    /// Replays suppressed at ingest, until released; see [`crate::replays`].
+    inbox_suppressed_replays (id) {
+        id -> Int8,
+        provider -> Text,
+        event_id -> Text,
+        event_type -> Nullable<Text>,
+        received_at -> Timestamptz,
+        headers -> Jsonb,
+        body -> Bytea,
+        body_sha256 -> Bytea,
+        ordering_key -> Nullable<Text>,
+        ordering_sequence -> Nullable<Int8>,
+        original_id -> Int8,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(
     inbox_dedup,
     inbox_events,
@@ -192,5 +236,8 @@ diesel::allow_tables_to_appear_in_same_query!(
     demo_ledger,
     demo_payments,
     console_audit,
-    inbox_paused_routes
+    inbox_paused_routes,
+    inbox_rejections,
+    inbox_replay_bodies,
+    inbox_suppressed_replays
 );
