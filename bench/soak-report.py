@@ -73,6 +73,11 @@ w("")
 for ok, text in checks:
     w(f"- {'met' if ok else '**missed**'}: {text}")
 w(f"- the backlog drained {soak['drained_seconds_after_last_send']:.1f} s after the last send")
+cpu = soak.get("cpu_ms_per_event", {})
+if cpu:
+    w(f"- CPU per event: receiver {cpu['receiver']:.3f} ms, worker {cpu['worker']:.3f} ms, "
+      f"PostgreSQL {cpu['database']:.3f} ms (and the load generator {cpu['load']:.3f} ms), "
+      f"on {machine.get('cpus')} cores shared by all four")
 w("")
 w("![per-interval series](chart.svg)")
 w("")

@@ -210,6 +210,54 @@ struct Sample {
     processed: Option<f64>,
     receiver_rss_kib: Option<u64>,
     worker_rss_kib: Option<u64>,
+    cpu: CpuSeconds,
+}
+
+/// CPU seconds (user + system) spent so far, by whom.
+#[derive(Clone, Copy, Default)]
+struct CpuSeconds {
+    receiver: f64,
+    worker: f64,
+    /// Every process named `postgres` on this machine: the server, when it runs here.
+    database: f64,
+    /// This load generator.
+    load: f64,
+}
+
+impl CpuSeconds {
+    fn read(plan: &SoakPlan<'_>) -> Self {
+        let of = |pid: Option<u32>| {
+            pid.and_then(|pid| cpu_seconds(&pid.to_string()))
+                .unwrap_or(0.0)
+        };
+        let database = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| {
+                let pid = entry.file_name().into_string().ok()?;
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+                (comm.trim() == "postgres")
+                    .then(|| cpu_seconds(&pid))
+                    .flatten()
+            })
+            .sum();
+        Self {
+            receiver: of(plan.receiver_pid),
+            worker: of(plan.worker_pid),
+            database,
+            load: cpu_seconds("self").unwrap_or(0.0),
+        }
+    }
+}
+
+/// utime + stime of a process, from `/proc/PID/stat` (in clock ticks of 1/100 s on Linux).
+fn cpu_seconds(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces: count fields after its closing parenthesis.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
 }
 
 async fn take_sample(conn: &mut AsyncPgConnection, plan: &SoakPlan<'_>) -> anyhow::Result<Sample> {
@@ -237,6 +285,7 @@ async fn take_sample(conn: &mut AsyncPgConnection, plan: &SoakPlan<'_>) -> anyho
         processed,
         receiver_rss_kib: plan.receiver_pid.and_then(rss_kib),
         worker_rss_kib: plan.worker_pid.and_then(rss_kib),
+        cpu: CpuSeconds::read(plan),
     })
 }
 
@@ -454,6 +503,12 @@ fn summarize(
                 "checkpoint_sync_ms": a.checkpoint_sync_ms - b.checkpoint_sync_ms,
                 "autovacuums": a.autovacuums - b.autovacuums,
                 "autoanalyzes": a.autoanalyzes - b.autoanalyzes,
+                "cpu_seconds": {
+                    "receiver": after.cpu.receiver - before.cpu.receiver,
+                    "worker": after.cpu.worker - before.cpu.worker,
+                    "database": after.cpu.database - before.cpu.database,
+                    "load": after.cpu.load - before.cpu.load,
+                },
             })
         })
         .collect();
@@ -463,8 +518,21 @@ fn summarize(
         (Some(first), Some(last)) => last.database.wal_bytes - first.database.wal_bytes,
         _ => 0.0,
     };
+    let per_event_ms = |part: fn(&CpuSeconds) -> f64| match (samples.first(), samples.last()) {
+        (Some(first), Some(last)) if acked > 0 => {
+            (part(&last.cpu) - part(&first.cpu)) * 1000.0 / acked as f64
+        }
+        _ => 0.0,
+    };
     json!({
         "rate": plan.rate,
+        // CPU time per acknowledged event during the sending, by process.
+        "cpu_ms_per_event": {
+            "receiver": per_event_ms(|cpu| cpu.receiver),
+            "worker": per_event_ms(|cpu| cpu.worker),
+            "database": per_event_ms(|cpu| cpu.database),
+            "load": per_event_ms(|cpu| cpu.load),
+        },
         "seconds": plan.duration.as_secs_f64(),
         "interval_seconds": plan.interval.as_secs_f64(),
         "body_bytes": plan.target.body_bytes,
