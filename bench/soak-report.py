@@ -56,8 +56,10 @@ machine = run.get("machine", {})
 w("# webhook-inbox soak report")
 w("")
 capacity = run.get("capacity_per_second")
-rate_note = (f"{soak['rate']:,}/s, {run.get('share_percent')} % of the drain capacity measured first "
-             f"({capacity:,}/s: prefilled events, demo handler, default flags)") if capacity else f"{soak['rate']:,}/s (given)"
+rate_note = (f"{soak['rate']:,}/s, {run.get('share_percent')} % of the capacity measured first: {capacity:,}/s, the lower of "
+             f"the worker's drain of a prefilled backlog ({run.get('drain_capacity_per_second') or 0:,}/s, demo handler, "
+             f"default flags) and the whole pipeline's, closed-loop ingest while the worker drains "
+             f"({run.get('pipeline_capacity_per_second') or 0:,}/s)") if capacity else f"{soak['rate']:,}/s (given)"
 w(f"Sent {soak['sent']:,} signed webhooks ({soak['body_bytes']} B JSON bodies) at {rate_note} for "
   f"{soak['seconds'] / 60:.0f} minutes through the receiver to the worker (demo handler, default flags); "
   f"sampled every {soak['interval_seconds']:.0f} s. Machine: {machine.get('cpus')} CPUs "

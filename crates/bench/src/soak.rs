@@ -411,10 +411,14 @@ async fn read_back(
         .collect();
     for chunk in acked.chunks(10_000) {
         let rows: Vec<Finished> = diesel::sql_query(
+            // By key, one lookup per event: joined plainly, a big chunk is hashed against the
+            // whole dedup table, which spills to disk at millions of events.
             "SELECT x.n, extract(epoch FROM f.processed_at)::float8 AS processed_at, f.status \
              FROM unnest($1::bigint[]) AS x(n) \
-             LEFT JOIN inbox_dedup d ON d.provider = $2 AND d.event_id = $3 || '-' || x.n \
-             LEFT JOIN inbox_finished f ON f.id = d.id",
+             LEFT JOIN LATERAL (SELECT id FROM inbox_dedup \
+                 WHERE provider = $2 AND event_id = $3 || '-' || x.n LIMIT 1) AS d ON true \
+             LEFT JOIN LATERAL (SELECT processed_at, status FROM inbox_finished \
+                 WHERE inbox_finished.id = d.id LIMIT 1) AS f ON true",
         )
         .bind::<Array<BigInt>, _>(chunk)
         .bind::<Text, _>(&plan.target.provider)
