@@ -134,6 +134,7 @@ pub fn worker_settings(name: &str) -> WorkerSettings {
         transaction_size: 10,
         claimers: 2,
         poll_interval: Duration::from_millis(50),
+        claim_spacing: Duration::from_millis(5),
         rescue_interval: Duration::from_millis(200),
         handler_timeout: Duration::from_secs(5),
         database_limits: worker::limits::DatabaseLimits::default(),

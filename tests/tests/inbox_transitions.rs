@@ -527,7 +527,9 @@ async fn the_claims_generic_plan_reads_rows_by_primary_key() {
     .unwrap();
     inbox::claim_due(&mut conn, "a", LEASE, 10).await.unwrap();
     let names: Vec<StatementName> = diesel::sql_query(
-        "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'WITH plain AS MATERIALIZED ( SELECT ARRAY( SELECT id FROM inbox_queue %'",
+        "SELECT name FROM pg_prepared_statements \
+         WHERE statement LIKE 'WITH unflushed AS MATERIALIZED %' \
+           AND statement LIKE '%plain AS MATERIALIZED ( SELECT ARRAY( SELECT id FROM inbox_queue %'",
     )
     .load(&mut conn)
     .await

@@ -376,19 +376,25 @@ pub async fn purge_done(
 /// bound of their heads'), each read from its own index. Unordered events of paused routes
 /// are not waited for (a worker would otherwise wake for them again and again); a paused
 /// ordered head is looked at once a second by the claim.
+///
+/// Prepared once per connection: a claim loop asks this after every claim that emptied the
+/// queue, and planning the statement anew each time cost the server more than running it.
 pub async fn next_due(conn: &mut AsyncPgConnection) -> QueryResult<Option<DateTime<Utc>>> {
     #[derive(QueryableByName)]
     struct NextDue {
         #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Timestamptz>)]
         due: Option<DateTime<Utc>>,
     }
-    let next: NextDue = diesel::sql_query(statuses_sql!(
-        "SELECT least( \
-             (SELECT min(next_attempt_at) FROM inbox_queue \
-              WHERE status = {ready} AND ordering_key IS NULL AND {not_paused}), \
-             (SELECT min(due_at) FROM inbox_keys \
-              WHERE holder IS NULL AND blocked_by IS NULL AND due_at IS NOT NULL)) AS due"
-    ))
+    let next: NextDue = crate::prepared::cached_sql(
+        statuses_sql!(
+            "SELECT least( \
+                 (SELECT min(next_attempt_at) FROM inbox_queue \
+                  WHERE status = {ready} AND ordering_key IS NULL AND {not_paused}), \
+                 (SELECT min(due_at) FROM inbox_keys \
+                  WHERE holder IS NULL AND blocked_by IS NULL AND due_at IS NOT NULL)) AS due"
+        ),
+        (),
+    )
     .get_result(conn)
     .await?;
     Ok(next.due)

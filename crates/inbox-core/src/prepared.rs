@@ -88,6 +88,15 @@ macro_rules! tuple_binds {
     };
 }
 
+/// No binds: fixed SQL without placeholders, prepared once all the same (its plan too).
+impl Binds for () {
+    fn push<'b>(&'b self, index: usize, _out: &mut AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        Err(diesel::result::Error::QueryBuilderError(
+            format!("no bind for placeholder {}", index + 1).into(),
+        ))
+    }
+}
+
 tuple_binds!(0: S0 V0);
 tuple_binds!(0: S0 V0, 1: S1 V1);
 tuple_binds!(0: S0 V0, 1: S1 V1, 2: S2 V2);

@@ -54,6 +54,16 @@ impl DurationFlag {
         }
     }
 
+    /// A wait on the hot path that may be zero, at most a second.
+    pub fn short_wait(flag: &'static str, value: Duration) -> Self {
+        Self {
+            flag,
+            value,
+            min: Duration::ZERO,
+            max: SECOND,
+        }
+    }
+
     /// A retry delay bound: at least a millisecond, at most thirty days.
     pub fn retry_delay(flag: &'static str, value: Duration) -> Self {
         Self {

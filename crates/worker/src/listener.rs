@@ -1,5 +1,5 @@
 //! Instant wake-up: a dedicated connection `LISTEN`s on the channel the receiver `NOTIFY`s
-//! once per committed batch, and wakes the claim loop. Notifications can be lost (while
+//! once per committed batch, and wakes a claim loop. Notifications can be lost (while
 //! reconnecting, say); the claim loop's fallback poll covers that.
 
 use std::sync::Arc;
@@ -11,8 +11,8 @@ use tokio::sync::{watch, Notify};
 use tokio_postgres::AsyncMessage;
 
 /// Keeps a `LISTEN` connection open until `shutdown`, reconnecting after failures, and wakes
-/// the claim loops for every notification (also leaving a stored permit, so none is missed
-/// while they are busy). Each reconnection goes through `settings` again, so after a
+/// a claim loop for every notification (a stored permit when all are busy, so none is
+/// missed); every loop after a (re)connection. Each reconnection goes through `settings` again, so after a
 /// failover it finds the new primary (`target_session_attrs=read-write`) and listens there.
 pub async fn listen_for_new_events(
     settings: ConnectionSettings,
@@ -82,7 +82,9 @@ async fn listen_once(settings: &ConnectionSettings, wake: &Notify) -> Result<(),
     wake_all(wake);
     while let Some(message) = messages.recv().await {
         if let AsyncMessage::Notification(_) = message {
-            wake_all(wake);
+            // One loop claims the new events; a claim that comes back full wakes another.
+            // Waking them all made every arrival cost a claim per loop, all but one empty.
+            wake.notify_one();
         }
     }
     match driver.await {

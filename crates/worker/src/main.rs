@@ -95,6 +95,13 @@ struct RunArgs {
     /// events wake the worker at once through LISTEN/NOTIFY).
     #[arg(long, env = "WORKER_POLL_INTERVAL", value_parser = humantime::parse_duration, default_value = "5s")]
     poll_interval: Duration,
+    /// Shortest time from a claim that took every due event to the next claim: under a
+    /// steady flow, the events arriving meanwhile share one claim, which costs the database
+    /// little more than a claim of one. A backlog is claimed in full batches without waiting;
+    /// at a trickle the spacing has passed before the next event arrives. 0s claims at every
+    /// arrival.
+    #[arg(long, env = "WORKER_CLAIM_SPACING", value_parser = humantime::parse_duration, default_value = "5ms")]
+    claim_spacing: Duration,
     /// How often expired leases are looked for.
     #[arg(long, env = "WORKER_RESCUE_INTERVAL", value_parser = humantime::parse_duration, default_value = "5s")]
     rescue_interval: Duration,
@@ -157,6 +164,7 @@ fn check_durations(args: &RunArgs) -> anyhow::Result<()> {
     let mut flags = vec![
         DurationFlag::lease("--lease", args.lease),
         DurationFlag::interval("--poll-interval", args.poll_interval),
+        DurationFlag::short_wait("--claim-spacing", args.claim_spacing),
         DurationFlag::interval("--rescue-interval", args.rescue_interval),
         DurationFlag::interval("--stats-interval", args.stats_interval),
         DurationFlag::interval("--handler-timeout", args.handler_timeout),
@@ -213,6 +221,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         transaction_size: usize::from(args.transaction_size),
         claimers: usize::from(args.claimers),
         poll_interval: args.poll_interval,
+        claim_spacing: args.claim_spacing,
         rescue_interval: args.rescue_interval,
         handler_timeout: args.handler_timeout,
         database_limits: DatabaseLimits {

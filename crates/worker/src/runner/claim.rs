@@ -2,6 +2,13 @@
 //! events as its free slots carry (in batches worth a round trip), hands them to attempts, and
 //! idles until a notification, the next due retry or the poll interval when nothing is due.
 //!
+//! A claim that found fewer due events than it asked for took all there were: the loop idles
+//! after it instead of claiming again at once, and the worker's next claim that is not full
+//! waits until `claim_spacing` after it. Under a steady flow, events arriving meanwhile gather
+//! into one claim (about one claim per spacing, instead of one per arrival, each costing the
+//! database as much as a claim of a hundred); at a trickle nothing waits, and a backlog is
+//! claimed in full batches back to back.
+//!
 //! A slot is one attempt in flight: one transaction, one connection. An attempt of a handler
 //! that waits on the network carries one event, so with such routes a slot is claimed per
 //! event and the concurrency is the events in flight. When every route is batchable (the
@@ -15,6 +22,7 @@ use std::time::Duration;
 use inbox_core::inbox;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::batch::batches;
@@ -51,6 +59,9 @@ impl Worker {
                 }
                 continue;
             }
+            if !self.wait_claim_spacing(&mut shutdown).await {
+                break;
+            }
             let claimed = match self.claim(free).await {
                 Ok(claim) => claim,
                 Err(err) => {
@@ -59,6 +70,13 @@ impl Worker {
                     continue;
                 }
             };
+            let took_all_due = claimed.events.len() < free;
+            if took_all_due {
+                self.claim_spacing.note_partial_claim();
+            } else {
+                // More may be due: an idle loop joins in rather than waiting for its turn.
+                self.wake.notify_one();
+            }
             if claimed.events.is_empty() {
                 let next_due = self.next_due().await;
                 self.idle(&mut shutdown, next_due).await;
@@ -97,6 +115,10 @@ impl Worker {
                     worker.attempt(batch, token).await;
                     drop(permit);
                 });
+            }
+            if took_all_due {
+                let next_due = self.next_due().await;
+                self.idle(&mut shutdown, next_due).await;
             }
         }
         self.finish_in_flight(in_flight).await;
@@ -162,6 +184,21 @@ impl Worker {
         }
     }
 
+    /// Waits, if need be, until `claim_spacing` after the worker's last claim that was not
+    /// full. False when shutdown came first.
+    async fn wait_claim_spacing(&self, shutdown: &mut watch::Receiver<bool>) -> bool {
+        let Some(until) = self
+            .claim_spacing
+            .next_claim_at(self.settings.claim_spacing)
+        else {
+            return true;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => true,
+            _ = shutdown.changed() => !*shutdown.borrow(),
+        }
+    }
+
     async fn claim(&self, limit: usize) -> Result<inbox::Claim, WorkerError> {
         let mut conn = self.connection().await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
@@ -178,5 +215,27 @@ impl Worker {
         if let Err(err) = result {
             tracing::warn!(error = %err, "releasing unstarted events failed; their leases will expire");
         }
+    }
+}
+
+/// When the worker's last claim that was not full ended, shared by its claim loops: the
+/// next such claim of any of them waits for the spacing after it.
+#[derive(Debug, Default)]
+pub(super) struct ClaimSpacing {
+    last_partial_claim: std::sync::Mutex<Option<Instant>>,
+}
+
+impl ClaimSpacing {
+    fn note_partial_claim(&self) {
+        if let Ok(mut last) = self.last_partial_claim.lock() {
+            *last = Some(Instant::now());
+        }
+    }
+
+    /// When the next claim may start, if that is still to come.
+    fn next_claim_at(&self, spacing: Duration) -> Option<Instant> {
+        let last = (*self.last_partial_claim.lock().ok()?)?;
+        let at = last + spacing;
+        (at > Instant::now()).then_some(at)
     }
 }

@@ -20,6 +20,7 @@ use diesel_async::AsyncPgConnection;
 use inbox_core::db::{ConnectionSettings, DatabaseArgs, PgPool, SettingsError};
 use tokio::sync::{watch, Notify};
 
+use self::claim::ClaimSpacing;
 use self::lease_keeper::LeaseKeeper;
 use crate::handler::Router;
 use crate::metrics::Metrics;
@@ -45,6 +46,7 @@ pub struct Worker {
     settings: Arc<WorkerSettings>,
     metrics: Metrics,
     wake: Arc<Notify>,
+    claim_spacing: Arc<ClaimSpacing>,
     leases: Arc<LeaseKeeper>,
     /// How the lease keeper opens its own connection, outside the pool.
     connections: ConnectionSettings,
@@ -66,6 +68,7 @@ impl Worker {
             settings: Arc::new(settings),
             metrics,
             wake: Arc::new(Notify::new()),
+            claim_spacing: Arc::new(ClaimSpacing::default()),
             leases: Arc::new(LeaseKeeper::default()),
         })
     }

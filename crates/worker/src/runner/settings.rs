@@ -26,6 +26,9 @@ pub struct WorkerSettings {
     pub transaction_size: usize,
     /// Idle wait between claims when nothing is due (and no notification arrives).
     pub poll_interval: Duration,
+    /// Shortest time from a claim that was not full (it took every due event) to the
+    /// worker's next claim: events arriving meanwhile share that claim.
+    pub claim_spacing: Duration,
     /// How often expired leases are looked for.
     pub rescue_interval: Duration,
     /// Longest a handler may run before its attempt counts as failed (retryable); its
