@@ -3,7 +3,7 @@
 //! idles until a notification, the next due retry or the poll interval when nothing is due.
 //!
 //! A claim that found fewer due events than it asked for took all there were: the loop idles
-//! after it instead of claiming again at once, and the worker's next claim that is not full
+//! after it instead of claiming again at once, and the worker's next claim, from any loop,
 //! waits until `claim_spacing` after it. Under a steady flow, events arriving meanwhile gather
 //! into one claim (about one claim per spacing, instead of one per arrival, each costing the
 //! database as much as a claim of a hundred); at a trickle nothing waits, and a backlog is
