@@ -438,6 +438,10 @@ pub struct LeasesNotHeld {
 /// Locks: the rows it extends, `SKIP LOCKED`, until the statement commits. A row locked right
 /// now is being retried or finished by its own attempt: it is left alone, and not reported,
 /// since the check reads the statement's snapshot without locking.
+///
+/// Commits without waiting for its WAL flush, as the claim does: the completions of the rows
+/// it locks would otherwise wait for that flush too. An extension lost in a crash only makes
+/// leases end sooner, and a crash of the server ends every attempt in flight anyway.
 pub async fn extend_leases(
     conn: &mut AsyncPgConnection,
     ids: &[i64],
@@ -456,8 +460,11 @@ pub async fn extend_leases(
     }
     let rows: Vec<NotHeld> = cached_sql(
         statuses_sql!(
-            "WITH held AS ( \
-                 SELECT * FROM unnest($1::bigint[], $2::uuid[]) AS held(id, token) \
+            "WITH unflushed AS MATERIALIZED ( \
+                 SELECT set_config('synchronous_commit', 'off', true) \
+             ), held AS ( \
+                 SELECT held.* FROM unflushed, \
+                     unnest($1::bigint[], $2::uuid[]) AS held(id, token) \
              ), extended AS ( \
                  UPDATE inbox_queue AS queue \
                  SET locked_until = now() + $3 * interval '1 millisecond' \
