@@ -12,8 +12,9 @@ use tokio_postgres::AsyncMessage;
 
 /// Keeps a `LISTEN` connection open until `shutdown`, reconnecting after failures, and wakes
 /// a claim loop for every notification (a stored permit when all are busy, so none is
-/// missed); every loop after a (re)connection. Each reconnection goes through `settings` again, so after a
-/// failover it finds the new primary (`target_session_attrs=read-write`) and listens there.
+/// missed), and every loop after each (re)connection. Each reconnection goes through
+/// `settings` again, so after a failover it finds the new primary
+/// (`target_session_attrs=read-write`) and listens there.
 pub async fn listen_for_new_events(
     settings: ConnectionSettings,
     wake: Arc<Notify>,
