@@ -32,7 +32,7 @@ deploy-check:
 bench:
 	bench/run
 
-## The steady state: half an hour at half the measured drain capacity on the `production`
+## The steady state: half an hour at half the measured steady capacity on the `production`
 ## PostgreSQL profile, sampled every minute; writes bench/soak-results/report.md and chart.svg.
 ## SOAK_MINUTES (30), SOAK_SHARE (50 %), SOAK_RATE, SOAK_PROFILE: see bench/soak.
 soak:
