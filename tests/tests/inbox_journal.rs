@@ -303,3 +303,21 @@ async fn a_day_detached_but_not_dropped_is_dropped_by_the_next_purge() {
         0
     );
 }
+
+#[tokio::test]
+async fn every_day_vacuums_and_analyzes_as_an_insert_only_table() {
+    // The first day is the table that was the journal before partitioning, which once carried
+    // the queue's autovacuum settings: a vacuum and an analyze of the whole day every minute.
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let tuned = count(
+        &mut conn,
+        "SELECT count(*) AS n FROM pg_inherits JOIN pg_class ON pg_class.oid = inhrelid \
+         WHERE inhparent = 'inbox_events'::regclass AND reloptions IS NOT NULL",
+    )
+    .await;
+    assert_eq!(
+        tuned, 0,
+        "day partitions with autovacuum settings of their own"
+    );
+}
