@@ -115,6 +115,10 @@ enum Command {
         /// The worker's metrics address (host:port), for processed events per interval.
         #[arg(long)]
         worker_metrics: Option<String>,
+        /// The receiver's metrics address (host:port), for its own share of answers within
+        /// 20 ms per interval.
+        #[arg(long)]
+        receiver_metrics: Option<String>,
         /// The receiver's process id, for its RSS.
         #[arg(long)]
         receiver_pid: Option<u32>,
@@ -185,6 +189,7 @@ async fn main() -> anyhow::Result<()> {
             duration,
             interval,
             worker_metrics,
+            receiver_metrics,
             receiver_pid,
             worker_pid,
             drain_timeout,
@@ -202,6 +207,7 @@ async fn main() -> anyhow::Result<()> {
                 interval,
                 database_url: &database_url,
                 worker_metrics: worker_metrics.as_deref(),
+                receiver_metrics: receiver_metrics.as_deref(),
                 receiver_pid,
                 worker_pid,
                 drain_timeout,

@@ -30,6 +30,8 @@ pub struct SoakPlan<'a> {
     pub database_url: &'a str,
     /// `host:port` of the worker's `/metrics`, for processed events per interval.
     pub worker_metrics: Option<&'a str>,
+    /// `host:port` of the receiver's `/metrics`, for its own view of the answer times.
+    pub receiver_metrics: Option<&'a str>,
     pub receiver_pid: Option<u32>,
     pub worker_pid: Option<u32>,
     /// How long to wait for the backlog to drain after the last send.
@@ -208,6 +210,7 @@ struct Sample {
     at: Instant,
     database: DatabaseSample,
     processed: Option<f64>,
+    receiver_answers: Option<ReceiverAnswers>,
     receiver_rss_kib: Option<u64>,
     worker_rss_kib: Option<u64>,
     cpu: CpuSeconds,
@@ -279,10 +282,15 @@ async fn take_sample(conn: &mut AsyncPgConnection, plan: &SoakPlan<'_>) -> anyho
         Some(addr) => Some(processed_events(addr).await?),
         None => None,
     };
+    let receiver_answers = match plan.receiver_metrics {
+        Some(addr) => Some(receiver_answers(addr).await?),
+        None => None,
+    };
     Ok(Sample {
         at: Instant::now(),
         database,
         processed,
+        receiver_answers,
         receiver_rss_kib: plan.receiver_pid.and_then(rss_kib),
         worker_rss_kib: plan.worker_pid.and_then(rss_kib),
         cpu: CpuSeconds::read(plan),
@@ -298,8 +306,8 @@ fn rss_kib(pid: u32) -> Option<u64> {
         .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
-/// Events the worker has finished, every outcome: the sum of `inbox_worker_events_total`.
-async fn processed_events(addr: &str) -> anyhow::Result<f64> {
+/// A binary's `/metrics` page.
+async fn metrics_page(addr: &str) -> anyhow::Result<String> {
     let mut sender = connect(addr).await?;
     let request = hyper::Request::get("/metrics")
         .header("host", addr)
@@ -307,12 +315,41 @@ async fn processed_events(addr: &str) -> anyhow::Result<f64> {
     sender.ready().await?;
     let response = sender.send_request(request).await?;
     let body = response.into_body().collect().await?.to_bytes();
-    let page = String::from_utf8_lossy(&body);
-    Ok(page
-        .lines()
-        .filter(|line| line.starts_with("inbox_worker_events_total{"))
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The sum over every series of `metric` (its name and the `{` of its labels) whose labels
+/// contain `label`.
+fn sum_of(page: &str, metric: &str, label: &str) -> f64 {
+    page.lines()
+        .filter(|line| line.starts_with(metric) && line.contains(label))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
+        .sum()
+}
+
+/// Events the worker has finished, every outcome: the sum of `inbox_worker_events_total`.
+async fn processed_events(addr: &str) -> anyhow::Result<f64> {
+    let page = metrics_page(addr).await?;
+    Ok(sum_of(&page, "inbox_worker_events_total{", ""))
+}
+
+/// The receiver's own count of answers, from a request's arrival in its handler to its answer
+/// (`inbox_receiver_ingest_duration_seconds`): how many, and how many within 20 ms. Beside the
+/// load generator's figure it tells the receiver's time from the time the load generator,
+/// sharing the cores, took to send and to read the answer.
+#[derive(Clone, Copy)]
+struct ReceiverAnswers {
+    total: f64,
+    within_20ms: f64,
+}
+
+async fn receiver_answers(addr: &str) -> anyhow::Result<ReceiverAnswers> {
+    let page = metrics_page(addr).await?;
+    let histogram = "inbox_receiver_ingest_duration_seconds";
+    Ok(ReceiverAnswers {
+        total: sum_of(&page, &format!("{histogram}_count{{"), ""),
+        within_20ms: sum_of(&page, &format!("{histogram}_bucket{{"), "le=\"0.02\""),
+    })
 }
 
 fn progress_line(
@@ -494,6 +531,14 @@ fn summarize(
                 "end_to_end": quantiles_ms(e2e),
                 "processed_per_s": match (before.processed, after.processed) {
                     (Some(b), Some(a)) => json!((a - b) / seconds),
+                    _ => Value::Null,
+                },
+                // Answers of this interval (by the time they were answered) that the receiver
+                // gave within 20 ms of their arrival, as a share.
+                "receiver_within_20ms": match (before.receiver_answers, after.receiver_answers) {
+                    (Some(b), Some(a)) if a.total > b.total => {
+                        json!((a.within_20ms - b.within_20ms) / (a.total - b.total))
+                    }
                     _ => Value::Null,
                 },
                 "backlog": a.backlog,
