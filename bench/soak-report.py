@@ -61,17 +61,13 @@ w(f"Sent {soak['sent']:,} signed webhooks ({soak['body_bytes']} B JSON bodies) a
   f"sampled every {soak['interval_seconds']:.0f} s. Machine: {machine.get('cpus')} CPUs "
   f"({machine.get('cpu_model')}), everything on it; run {machine.get('date')}.")
 w("")
-if capacity and run.get("steady_capacity_per_second"):
+if capacity:
     w(f"The rate is {run.get('share_percent')} % of the capacity measured first: {capacity:,}/s, the highest "
       f"steady (open-loop) rate the whole pipeline sustained on these cores, in steps that had to drain within "
       f"2 s of their last send and answer within 1 s at p99. Under closed loop, where both sides batch more "
       f"than a steady flow lets them, the worker drained a prefilled backlog at "
       f"{run.get('drain_capacity_per_second') or 0:,}/s and ingest with 64 connections while the worker drained "
       f"ran at {run.get('pipeline_capacity_per_second') or 0:,}/s.")
-elif capacity:
-    w(f"The rate is {run.get('share_percent')} % of the capacity measured first: {capacity:,}/s, the lower of "
-      f"the worker's drain of a prefilled backlog ({run.get('drain_capacity_per_second') or 0:,}/s) and "
-      f"closed-loop ingest while the worker drained ({run.get('pipeline_capacity_per_second') or 0:,}/s).")
 else:
     w("The rate was given (`SOAK_RATE`), not measured.")
 w("")

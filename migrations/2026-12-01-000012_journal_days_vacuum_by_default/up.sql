@@ -2,9 +2,9 @@
 -- partition is the table that was the journal before partitioning (migration 7), and it kept
 -- what migration 4 gave that table when it was the queue as well: a vacuum after 5 % of rows
 -- inserted and an analyze after 2 % of rows changed. On an insert-only day filling at a steady
--- rate that is a vacuum and an analyze of the whole day every minute (at 2,400 webhooks/s; a
--- few seconds of a core each, growing with the day). The journal is read by key, so the
--- defaults keep its statistics fresh enough; the days created since have them already.
+-- rate that is a vacuum and an analyze of the whole day every minute (at 2,400 webhooks/s and
+-- 4.4 GB, the analyze took 0.6 s of CPU and 1.75 s each time). The journal is read by key,
+-- so the defaults keep its statistics fresh enough; the days created since have them already.
 --
 -- RESET takes a SHARE UPDATE EXCLUSIVE lock: inserts and reads go on meanwhile.
 DO $migration$
