@@ -252,27 +252,9 @@ impl Postgres {
             url: String::new(),
             placeholder: None,
         };
-        // The script picks the lowest port nobody listens on, which is also the port of any
-        // server another test stopped for a moment: keep those taken while this one starts.
-        let stopped_servers_ports = Self::hold_ports_of_stopped_servers();
         // Assigned once the guard exists, so that a failed start is cleaned up too.
         server.url = Self::run_with_retries("start", &server.name, &["dev"], env).await;
-        drop(stopped_servers_ports);
         server
-    }
-
-    /// Listens on the recorded port of every local-postgres server that is not running now.
-    fn hold_ports_of_stopped_servers() -> Vec<std::net::TcpListener> {
-        let Ok(servers) = std::fs::read_dir(repo_root().join("target/postgres")) else {
-            return Vec::new();
-        };
-        servers
-            .filter_map(|server| {
-                let port = std::fs::read_to_string(server.ok()?.path().join("port")).ok()?;
-                let port: u16 = port.trim().parse().ok()?;
-                std::net::TcpListener::bind(("127.0.0.1", port)).ok()
-            })
-            .collect()
     }
 
     /// Starts a streaming-replication standby of this server (`pg_basebackup`), known to it
@@ -543,18 +525,23 @@ fn tail(path: &Path, lines: usize) -> String {
 }
 
 /// A free loopback port outside the usual ephemeral range, so that a receiver restarted on
-/// it does not find it taken by some client connection. Drawn from the thread's random
+/// it does not find it taken by some client connection, and below the ports
+/// `scripts/local-postgres` gives its servers (25432 and up), so that a receiver cannot take
+/// one between the script's check and its server's bind. Drawn from the thread's random
 /// source, not the scenario's seed: scenarios running side by side must not draw alike.
 pub fn free_port() -> u16 {
     let mut rng = rand::rng();
     for _ in 0..1_000 {
-        let port = rng.random_range(20_000..32_000);
+        let port = rng.random_range(RECEIVER_PORTS);
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
     }
-    panic!("no free loopback port in 20000-32000");
+    panic!("no free loopback port in {RECEIVER_PORTS:?}");
 }
+
+/// Where [`free_port`] draws from.
+const RECEIVER_PORTS: std::ops::Range<u16> = 15_000..25_000;
 
 /// Receivers and workers on one database. Fields drop in order: processes first, then the
 /// database server.
