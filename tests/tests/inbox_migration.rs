@@ -88,6 +88,7 @@ async fn event(conn: &mut AsyncPgConnection, event_id: &str, body: &[u8]) -> New
         headers: serde_json::json!({}),
         body: body.to_vec(),
         body_sha256: digest.sha256.try_into().unwrap(),
+        suppress_replays: false,
         ordering: None,
     }
 }

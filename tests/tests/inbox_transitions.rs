@@ -24,6 +24,7 @@ fn events(n: usize) -> Vec<NewEvent> {
             event_type: None,
             headers: serde_json::json!({}),
             body_sha256: [0; 32],
+            suppress_replays: false,
             ordering: None,
             body: b"{}".to_vec(),
         })
@@ -272,7 +273,7 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
         .await
         .unwrap();
     inbox_dedup::table
-        .load::<(String, String, i64, Vec<u8>)>(&mut conn)
+        .load::<(String, String, i64, Vec<u8>, Option<Vec<u8>>)>(&mut conn)
         .await
         .unwrap();
     inbox_events::table
@@ -397,10 +398,6 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
         )>(&mut conn)
         .await
         .unwrap();
-    inbox_core::schema::inbox_replay_bodies::table
-        .load::<(String, String, Vec<u8>, i64, chrono::DateTime<chrono::Utc>)>(&mut conn)
-        .await
-        .unwrap();
     inbox_core::schema::inbox_suppressed_replays::table
         .load::<(
             i64,
@@ -419,13 +416,13 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
         .unwrap();
     // And no migrated column is missing from the diesel schema.
     assert_eq!(
-        count(&mut conn, "SELECT count(*) AS n FROM information_schema.columns WHERE table_schema = 'public' AND table_name IN ('inbox_dedup', 'inbox_events', 'inbox_queue', 'inbox_finished', 'webhook_inbox', 'processed_events', 'demo_ledger', 'demo_payments', 'console_audit', 'inbox_paused_routes', 'inbox_keys', 'inbox_ordering_providers', 'inbox_dead_ordering', 'inbox_key_skips', 'inbox_rejections', 'inbox_replay_bodies', 'inbox_suppressed_replays')").await,
-        4 + 9 + 11 + 6 + 16 + 3 + 5 + 7 + 8 + 4 + 7 + 4 + 3 + 5 + 9 + 5 + 11
+        count(&mut conn, "SELECT count(*) AS n FROM information_schema.columns WHERE table_schema = 'public' AND table_name IN ('inbox_dedup', 'inbox_events', 'inbox_queue', 'inbox_finished', 'webhook_inbox', 'processed_events', 'demo_ledger', 'demo_payments', 'console_audit', 'inbox_paused_routes', 'inbox_keys', 'inbox_ordering_providers', 'inbox_dead_ordering', 'inbox_key_skips', 'inbox_rejections', 'inbox_suppressed_replays')").await,
+        5 + 9 + 11 + 6 + 16 + 3 + 5 + 7 + 8 + 4 + 7 + 4 + 3 + 5 + 9 + 11
     );
     // Nor any table (the journal's partitions are the journal).
     assert_eq!(
         count(&mut conn, "SELECT count(*) AS n FROM information_schema.tables WHERE table_schema = 'public' AND table_name NOT LIKE '\\_\\_diesel%' AND table_name NOT IN (SELECT relname FROM pg_class WHERE relispartition)").await,
-        17
+        16
     );
 }
 

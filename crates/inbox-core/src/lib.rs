@@ -19,6 +19,7 @@ pub mod pg_tls;
 pub mod pg_url;
 pub mod prepared;
 pub mod rejections;
+pub mod replays;
 pub mod schema;
 mod status;
 pub mod telemetry;

@@ -295,6 +295,8 @@ pub struct Purged {
     pub days: usize,
     /// `processed_events` records deleted.
     pub processed_records: usize,
+    /// Suppressed replays deleted (with their dedup keys).
+    pub suppressed_replays: usize,
 }
 
 /// Deletes done events older than `retention`, and their `processed_events` records. Whole
@@ -302,8 +304,8 @@ pub struct Purged {
 /// received more than `retention` ago (its events still queued or dead are kept, moved aside
 /// first; see [`crate::journal`]), so an event is kept at least `retention` and at most a day
 /// more. The few done events of the kept partition finished more than `retention` ago are
-/// deleted row by row, `batch` per statement.
-/// Dead rows are kept for the operator. Refuses a retention shorter than `dedup_window`.
+/// deleted row by row, `batch` per statement, and so are suppressed replays received more than
+/// `retention` ago. Dead rows are kept for the operator. Refuses a retention shorter than `dedup_window`.
 /// `conn` must not be in a transaction (a partition is detached concurrently).
 pub async fn purge_done(
     conn: &mut AsyncPgConnection,
@@ -325,6 +327,7 @@ pub async fn purge_done(
         events: dropped.events,
         days: dropped.days,
         processed_records: 0,
+        suppressed_replays: 0,
     };
     loop {
         let deleted = diesel::sql_query(statuses_sql!(
@@ -364,6 +367,13 @@ pub async fn purge_done(
         .execute(conn)
         .await?;
         purged.processed_records += deleted;
+        if deleted < usize::try_from(batch).unwrap_or(usize::MAX) {
+            break;
+        }
+    }
+    loop {
+        let deleted = crate::replays::purge(conn, retention, batch).await?;
+        purged.suppressed_replays += deleted;
         if deleted < usize::try_from(batch).unwrap_or(usize::MAX) {
             break;
         }

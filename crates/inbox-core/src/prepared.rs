@@ -106,6 +106,7 @@ tuple_binds!(0: S0 V0, 1: S1 V1, 2: S2 V2, 3: S3 V3, 4: S4 V4, 5: S5 V5);
 tuple_binds!(0: S0 V0, 1: S1 V1, 2: S2 V2, 3: S3 V3, 4: S4 V4, 5: S5 V5, 6: S6 V6);
 tuple_binds!(0: S0 V0, 1: S1 V1, 2: S2 V2, 3: S3 V3, 4: S4 V4, 5: S5 V5, 6: S6 V6, 7: S7 V7);
 tuple_binds!(0: S0 V0, 1: S1 V1, 2: S2 V2, 3: S3 V3, 4: S4 V4, 5: S5 V5, 6: S6 V6, 7: S7 V7, 8: S8 V8);
+tuple_binds!(0: S0 V0, 1: S1 V1, 2: S2 V2, 3: S3 V3, 4: S4 V4, 5: S5 V5, 6: S6 V6, 7: S7 V7, 8: S8 V8, 9: S9 V9);
 
 /// Fixed SQL with placeholders `$1`, `$2`, ... and its binds, in placeholder order. A
 /// placeholder may appear more than once (its value is then sent once per use).

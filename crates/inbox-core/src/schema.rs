@@ -10,6 +10,8 @@ diesel::table! {
         event_id -> Text,
         id -> Int8,
         body_sha256 -> Bytea,
+        /// Set for providers that guard against replays: see [`crate::inbox::replay_key`].
+        replay_key -> Nullable<Bytea>,
     }
 }
 
@@ -195,17 +197,6 @@ diesel::table! {
 }
 
 diesel::table! {
-    /// Bodies seen within the dedup window, for the replay check; see [`crate::replays`].
-    inbox_replay_bodies (provider, event_type, body_sha256) {
-        provider -> Text,
-        event_type -> Text,
-        body_sha256 -> Bytea,
-        id -> Int8,
-        seen_at -> Timestamptz,
-    }
-}
-
-diesel::table! {
     /// Replays suppressed at ingest, until released; see [`crate::replays`].
     inbox_suppressed_replays (id) {
         id -> Int8,
@@ -238,6 +229,5 @@ diesel::allow_tables_to_appear_in_same_query!(
     console_audit,
     inbox_paused_routes,
     inbox_rejections,
-    inbox_replay_bodies,
     inbox_suppressed_replays
 );

@@ -39,12 +39,16 @@ pub struct Stored {
     pub accepted: usize,
     /// Events whose `(provider, event_id)` was already stored.
     pub duplicates: usize,
+    /// Events stored as suppressed replays: their body was stored already under another id.
+    pub suppressed_replays: usize,
 }
 
 impl Stored {
-    /// The metrics outcome: `accepted` when anything new was stored.
+    /// The answer's and the metrics' outcome: `accepted` when anything new was stored,
+    /// `duplicate` when everything was stored already. A replay is answered like a new event:
+    /// what was sent is stored, and telling the sender apart would only teach it what to vary.
     pub fn outcome(self) -> &'static str {
-        if self.accepted > 0 {
+        if self.accepted > 0 || self.suppressed_replays > 0 {
             "accepted"
         } else {
             "duplicate"
@@ -79,6 +83,7 @@ pub async fn store_all(
             headers: kept.clone(),
             body_sha256: Sha256::digest(&body).into(),
             ordering,
+            suppress_replays: provider.suppress_replays,
             body,
         }
     });
@@ -90,6 +95,7 @@ pub async fn store_all(
     let mut stored = Stored {
         accepted: 0,
         duplicates: 0,
+        suppressed_replays: 0,
     };
     for (event_id, result) in results {
         let outcome =
@@ -114,6 +120,20 @@ pub async fn store_all(
                 }
                 stored.duplicates += 1;
             }
+            InsertOutcome::SuppressedReplay { original_id } => {
+                state
+                    .metrics
+                    .replays_suppressed
+                    .with_label_values(&[provider.name.as_str()])
+                    .inc();
+                tracing::warn!(
+                    provider = %provider.name,
+                    %event_id,
+                    original_id,
+                    "a body already stored under another id: kept as a suppressed replay, not processed (worker replays, worker release)"
+                );
+                stored.suppressed_replays += 1;
+            }
         }
     }
     Ok(stored)
@@ -128,7 +148,7 @@ pub fn acknowledgement(provider: &Provider, stored: Stored, batch: bool) -> Http
             .body(text.clone()),
         Ack::Status if batch => HttpResponse::Ok().json(serde_json::json!({
             "status": stored.outcome(),
-            "accepted": stored.accepted,
+            "accepted": stored.accepted + stored.suppressed_replays,
             "duplicates": stored.duplicates,
         })),
         Ack::Status => HttpResponse::Ok().json(serde_json::json!({ "status": stored.outcome() })),

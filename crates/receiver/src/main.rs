@@ -86,10 +86,15 @@ async fn main() -> anyhow::Result<()> {
             let providers = Providers::load(&config)?;
             for provider in providers.iter() {
                 println!(
-                    "{}: {} secret(s){}",
+                    "{}: {} secret(s){}{}",
                     provider.name,
                     provider.keys.len(),
-                    if provider.unsigned { ", UNSIGNED" } else { "" }
+                    if provider.unsigned { ", UNSIGNED" } else { "" },
+                    if provider.suppress_replays {
+                        ", replays suppressed"
+                    } else {
+                        ""
+                    }
                 );
             }
             for (first, second) in providers.sharing_a_key() {

@@ -144,6 +144,33 @@ pub enum OperatorCommand {
         #[command(flatten)]
         db: Database,
     },
+    /// Replays suppressed at ingest, newest first: deliveries of a provider whose signature
+    /// covers the body only (GitHub, Shopify, ...) that carried a body already stored under
+    /// another id within the dedup window. Each was answered 200 and never handed to a
+    /// handler; `release` runs one after all.
+    Replays {
+        /// Only this provider.
+        #[arg(long)]
+        provider: Option<String>,
+        /// Only replays received at or after this time (RFC 3339, e.g. 2026-12-01T00:00:00Z).
+        #[arg(long)]
+        since: Option<DateTime<Utc>>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        #[command(flatten)]
+        db: Database,
+    },
+    /// Release suppressed replays (see `replays`): each is queued as if it had just arrived
+    /// and runs like any event. For a provider that legitimately sends the same body under
+    /// two ids; set `suppress_replays = false` for it in the provider file if it does so often.
+    Release {
+        /// Ids of the suppressed replays (the first column of `replays`).
+        #[arg(long = "id", value_delimiter = ',', required = true)]
+        ids: Vec<i64>,
+        #[command(flatten)]
+        db: Database,
+    },
     /// Delete done events that finished more than --older-than ago (dead events are kept).
     Purge {
         /// Retention of done events, e.g. 7days. Must be at least the dedup window.
@@ -286,6 +313,41 @@ impl OperatorCommand {
                 .await?;
                 rejections(out, &groups)
             }
+            Self::Replays {
+                provider,
+                since,
+                limit,
+                db,
+            } => {
+                let rows = inbox_core::replays::list(
+                    &mut db.connect().await?,
+                    provider.as_deref(),
+                    since,
+                    limit,
+                )
+                .await?;
+                replays(out, &rows)
+            }
+            Self::Release { ids, db } => {
+                let mut conn = db.connect().await?;
+                let released = inbox_core::replays::release(&mut conn, &ids).await?;
+                if !released.is_empty() {
+                    inbox_core::inbox::notify_new_events(&mut conn).await?;
+                }
+                let missing: Vec<i64> = ids
+                    .iter()
+                    .copied()
+                    .filter(|id| released.binary_search(id).is_err())
+                    .collect();
+                writeln!(out, "released {} suppressed replay(s)", released.len())?;
+                if !missing.is_empty() {
+                    writeln!(
+                        out,
+                        "not suppressed replays (released already, purged, or never one): {missing:?}"
+                    )?;
+                }
+                Ok(())
+            }
             Self::Purge {
                 older_than,
                 dedup_window,
@@ -298,8 +360,8 @@ impl OperatorCommand {
                         .await?;
                 writeln!(
                     out,
-                    "purged {} done event(s) ({} journal day(s) dropped) and {} processed-event record(s)",
-                    purged.events, purged.days, purged.processed_records
+                    "purged {} done event(s) ({} journal day(s) dropped), {} processed-event record(s) and {} suppressed replay(s)",
+                    purged.events, purged.days, purged.processed_records, purged.suppressed_replays
                 )?;
                 Ok(())
             }
@@ -355,6 +417,39 @@ fn rejections(
             time(&group.first_at),
             time(&group.last_at),
             escape::line(&group.sample_request_id)
+        )?;
+    }
+    Ok(())
+}
+
+fn replays(
+    out: &mut impl Write,
+    rows: &[inbox_core::replays::SuppressedReplay],
+) -> anyhow::Result<()> {
+    if rows.is_empty() {
+        writeln!(out, "no suppressed replays")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{:>10}  {:<20}  {:<16}  {:<36}  {:<24}  {:>8}  original",
+        "id", "received_at", "provider", "event_id", "event_type", "bytes"
+    )?;
+    for row in rows {
+        let original = match &row.original_event_id {
+            Some(event_id) => format!("{} ({})", row.original_id, escape::line(event_id)),
+            None => format!("{} (purged)", row.original_id),
+        };
+        writeln!(
+            out,
+            "{:>10}  {:<20}  {:<16}  {:<36}  {:<24}  {:>8}  {original}",
+            row.id,
+            row.received_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            escape::line(&row.provider),
+            escape::line(&row.event_id),
+            escape::line(row.event_type.as_deref().unwrap_or("-")),
+            row.body_bytes,
         )?;
     }
     Ok(())

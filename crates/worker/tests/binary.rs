@@ -19,6 +19,7 @@ fn event(n: usize, event_type: &str) -> NewEvent {
         event_type: Some(event_type.into()),
         headers: serde_json::json!({"content-type": "application/json"}),
         body_sha256: [0; 32],
+        suppress_replays: false,
         ordering: None,
         body,
     }
@@ -295,7 +296,7 @@ async fn operator_commands_show_the_backlog_list_replay_and_purge() {
     let purged = stdout(&output(&db, &["purge", "--older-than", "4days"]));
     assert!(
         purged.contains(
-            "purged 1 done event(s) (1 journal day(s) dropped) and 1 processed-event record(s)"
+            "purged 1 done event(s) (1 journal day(s) dropped), 1 processed-event record(s) and 0 suppressed replay(s)"
         ),
         "{purged}"
     );
@@ -314,7 +315,9 @@ async fn operator_commands_show_the_backlog_list_replay_and_purge() {
 fn help_explains_every_subcommand() {
     let help = Command::new(WORKER).arg("--help").output().unwrap();
     let text = String::from_utf8_lossy(&help.stdout);
-    for subcommand in ["run", "migrate", "stats", "list", "show", "replay", "purge"] {
+    for subcommand in [
+        "run", "migrate", "stats", "list", "show", "replay", "replays", "release", "purge",
+    ] {
         assert!(
             text.contains(subcommand),
             "{subcommand} missing from:\n{text}"
@@ -429,4 +432,47 @@ fn output_of_show(db: &TestDatabase, args: &[&str]) -> Vec<u8> {
         String::from_utf8_lossy(&output.stderr)
     );
     output.stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_lists_the_suppressed_replays_and_release_queues_one() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let guarded = |event_id: &str| NewEvent {
+        event_id: event_id.into(),
+        suppress_replays: true,
+        ..event(1, "push")
+    };
+    let outcomes = insert_events(&mut conn, &[guarded("d-1"), guarded("d-2")])
+        .await
+        .unwrap();
+    let inbox_core::inbox::InsertOutcome::SuppressedReplay { original_id } = outcomes[1] else {
+        panic!("the second is a replay: {outcomes:?}");
+    };
+
+    let listed = stdout(&output(&db, &["replays", "--provider", "demo"]));
+    let line = listed
+        .lines()
+        .find(|line| line.contains("d-2"))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(line.contains(&format!("{original_id} (d-1)")), "{line}");
+    let id = line.split_whitespace().next().unwrap();
+    assert_eq!(
+        stdout(&output(&db, &["release", "--id", id])),
+        "released 1 suppressed replay(s)\n"
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM inbox_queue").await,
+        2
+    );
+    let again = stdout(&output(&db, &["release", "--id", id]));
+    assert!(
+        again.starts_with("released 0 suppressed replay(s)"),
+        "{again}"
+    );
+    assert!(again.contains(&format!("[{id}]")), "{again}");
+    assert_eq!(
+        stdout(&output(&db, &["replays"])),
+        "no suppressed replays\n"
+    );
 }

@@ -7,6 +7,8 @@ use diesel::prelude::*;
 use diesel::sql_types::{Array, BigInt, Bytea, Jsonb, Nullable, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
+use sha2::{Digest, Sha256};
+
 use crate::prepared::{bind, cached_sql};
 
 /// A verified webhook, ready to be stored.
@@ -26,6 +28,10 @@ pub struct NewEvent {
     pub body_sha256: [u8; 32],
     /// Its place among its key's events, when its provider orders them.
     pub ordering: Option<EventOrdering>,
+    /// Whether the same body under another event id (same provider and type, within the dedup
+    /// window) is a replay, kept apart and never handed to a handler: set for providers whose
+    /// signature covers the body but not the id (see [`replay_key`]).
+    pub suppress_replays: bool,
 }
 
 /// Where an event of an ordered provider stands among the events of its key.
@@ -46,6 +52,23 @@ pub fn ordering_key(provider: &str, value: &str) -> String {
     format!("{provider}:{value}")
 }
 
+/// The replay key of an event whose provider suppresses replays: SHA-256 of its provider, its
+/// type (empty when none) and its body's SHA-256, each length-prefixed so that no two triples
+/// share a key. Unique among the dedup keys (`inbox_dedup_replay_key`), so a second event with
+/// the same one conflicts at insert.
+pub fn replay_key(provider: &str, event_type: Option<&str>, body_sha256: &[u8; 32]) -> [u8; 32] {
+    let mut digest = Sha256::new();
+    for part in [
+        provider.as_bytes(),
+        event_type.unwrap_or_default().as_bytes(),
+    ] {
+        digest.update((part.len() as u64).to_be_bytes());
+        digest.update(part);
+    }
+    digest.update(body_sha256);
+    digest.finalize().into()
+}
+
 /// What storing one event did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InsertOutcome {
@@ -57,6 +80,13 @@ pub enum InsertOutcome {
         /// (purged) by the time it was read.
         same_body: Option<bool>,
     },
+    /// Its body was stored already under another id ([`NewEvent::suppress_replays`]): kept in
+    /// `inbox_suppressed_replays` under its own dedup key, not queued, until an operator
+    /// releases it ([`crate::replays`]).
+    SuppressedReplay {
+        /// The event first stored with the body.
+        original_id: i64,
+    },
 }
 
 #[derive(QueryableByName)]
@@ -65,6 +95,19 @@ struct InsertedKey {
     provider: String,
     #[diesel(sql_type = Text)]
     event_id: String,
+}
+
+#[derive(QueryableByName)]
+struct SuppressedKey {
+    #[diesel(sql_type = Text)]
+    provider: String,
+    #[diesel(sql_type = Text)]
+    event_id: String,
+    #[diesel(sql_type = BigInt)]
+    original_id: i64,
+    /// False when its id was stored meanwhile (a concurrent delivery of the same event).
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    kept: bool,
 }
 
 #[derive(QueryableByName)]
@@ -78,13 +121,14 @@ struct StoredHash {
 }
 
 /// Stores a batch of events in one statement, so one commit serves them all:
-/// `INSERT INTO inbox_dedup ... ON CONFLICT (provider, event_id) DO NOTHING`, and for each key
-/// inserted its journal row in `inbox_events` and a ready `inbox_queue` row. Duplicates within the batch are
-/// folded before the insert. Returns one outcome per input event, in input order.
+/// `INSERT INTO inbox_dedup ... ON CONFLICT DO NOTHING`, and for each key inserted its journal
+/// row in `inbox_events` and a ready `inbox_queue` row. Duplicates within the batch are folded
+/// before the insert. Returns one outcome per input event, in input order.
 ///
 /// The insert is one implicit transaction: every outcome is durable when this returns `Ok`.
-/// Only when some events were duplicates does a second statement read the stored keys' body
-/// hashes, to tell a faithful redelivery from one whose body differs.
+/// Only when some events were not inserted does a second statement read the stored keys' body
+/// hashes, to tell a faithful redelivery from one whose body differs; and only when some of
+/// them conflicted on their replay key instead does a third store them as suppressed replays.
 ///
 /// It does not wake the workers: see [`notify_new_events`], sent after the commit, because a
 /// `NOTIFY` inside this transaction would serialise every ingest commit on PostgreSQL's
@@ -108,18 +152,59 @@ pub async fn insert_events(
     // take their unique-index locks in the same order and cannot deadlock.
     unique.sort_unstable_by_key(|&i| (events[i].provider.as_str(), events[i].event_id.as_str()));
 
-    let (providers, event_ids) = key_columns(events, &unique);
-    let event_types: Vec<Option<&str>> = unique
+    let mut outcomes: HashMap<(&str, &str), InsertOutcome> = HashMap::with_capacity(unique.len());
+    let mut pending = unique;
+    // A replay whose original is purged between the insert and the read of the original is
+    // inserted again, now as a new event; a second such race in a row is beyond reason.
+    for _pass in 0..2 {
+        pending = insert_pass(conn, events, &pending, &mut outcomes).await?;
+        if pending.is_empty() {
+            break;
+        }
+    }
+
+    Ok(events
+        .iter()
+        .enumerate()
+        .map(|(index, event)| {
+            let key = (event.provider.as_str(), event.event_id.as_str());
+            let first = first_of_key[&key];
+            if first == index {
+                // Gone again (purged) between the insert and the read: unknown.
+                outcomes
+                    .get(&key)
+                    .copied()
+                    .unwrap_or(InsertOutcome::Duplicate { same_body: None })
+            } else {
+                InsertOutcome::Duplicate {
+                    same_body: Some(events[first].body_sha256 == event.body_sha256),
+                }
+            }
+        })
+        .collect())
+}
+
+/// One insert of the events at `indices` (unique keys, in key order), recording their
+/// outcomes. Returns the events to insert again: replays whose original was gone by the time
+/// it was read.
+async fn insert_pass<'e>(
+    conn: &mut AsyncPgConnection,
+    events: &'e [NewEvent],
+    indices: &[usize],
+    outcomes: &mut HashMap<(&'e str, &'e str), InsertOutcome>,
+) -> QueryResult<Vec<usize>> {
+    let (providers, event_ids) = key_columns(events, indices);
+    let event_types: Vec<Option<&str>> = indices
         .iter()
         .map(|&i| events[i].event_type.as_deref())
         .collect();
-    let headers: Vec<&serde_json::Value> = unique.iter().map(|&i| &events[i].headers).collect();
-    let bodies: Vec<&[u8]> = unique.iter().map(|&i| events[i].body.as_slice()).collect();
-    let hashes: Vec<&[u8]> = unique
+    let headers: Vec<&serde_json::Value> = indices.iter().map(|&i| &events[i].headers).collect();
+    let bodies: Vec<&[u8]> = indices.iter().map(|&i| events[i].body.as_slice()).collect();
+    let hashes: Vec<&[u8]> = indices
         .iter()
         .map(|&i| events[i].body_sha256.as_slice())
         .collect();
-    let ordering: Vec<Option<&EventOrdering>> = unique
+    let ordering: Vec<Option<&EventOrdering>> = indices
         .iter()
         .map(|&i| events[i].ordering.as_ref())
         .collect();
@@ -130,22 +215,41 @@ pub async fn insert_events(
         .iter()
         .map(|o| o.map_or(0, |o| super::duration_millis(o.hold)))
         .collect();
+    let replay_keys: Vec<Option<[u8; 32]>> = indices
+        .iter()
+        .map(|&i| {
+            let event = &events[i];
+            event.suppress_replays.then(|| {
+                replay_key(
+                    &event.provider,
+                    event.event_type.as_deref(),
+                    &event.body_sha256,
+                )
+            })
+        })
+        .collect();
+    let replay_key_binds: Vec<Option<&[u8]>> = replay_keys
+        .iter()
+        .map(|key| key.as_ref().map(<[u8; 32]>::as_slice))
+        .collect();
 
     // Prepared once per connection: its plan (function scans feeding the inserts) is the same
     // whatever the arrays' sizes, so the generic plan PostgreSQL settles on is the right one.
-    // The key first: it is what deduplicates across the journal's days and hands out the id;
-    // then, for the keys inserted, the journal row and the queue row (ready, due now, or
-    // after its reorder window; with its ordering key and sequence, if any).
+    // The key first: it is what deduplicates across the journal's days (by id, and for
+    // guarded providers by replay key: no conflict target, so either conflict skips the row)
+    // and hands out the id; then, for the keys inserted, the journal row and the queue row
+    // (ready, due now, or after its reorder window; with its ordering key and sequence).
     let inserted: Vec<InsertedKey> = cached_sql(
         "WITH input AS ( \
              SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::bytea[], \
-                                  $6::bytea[], $7::text[], $8::bigint[], $9::bigint[]) \
+                                  $6::bytea[], $7::text[], $8::bigint[], $9::bigint[], \
+                                  $10::bytea[]) \
                  AS input(provider, event_id, event_type, headers, body, body_sha256, \
-                          ordering_key, ordering_sequence, hold_ms) \
+                          ordering_key, ordering_sequence, hold_ms, replay_key) \
          ), keyed AS ( \
-             INSERT INTO inbox_dedup (provider, event_id, body_sha256) \
-             SELECT provider, event_id, body_sha256 FROM input \
-             ON CONFLICT (provider, event_id) DO NOTHING \
+             INSERT INTO inbox_dedup (provider, event_id, body_sha256, replay_key) \
+             SELECT provider, event_id, body_sha256, replay_key FROM input \
+             ON CONFLICT DO NOTHING \
              RETURNING id, provider, event_id \
          ), journaled AS ( \
              INSERT INTO inbox_events (id, provider, event_id, event_type, headers, body, body_sha256) \
@@ -169,6 +273,7 @@ pub async fn insert_events(
             bind::<Array<Nullable<Text>>, _>(&ordering_keys),
             bind::<Array<Nullable<BigInt>>, _>(&sequences),
             bind::<Array<BigInt>, _>(&holds),
+            bind::<Array<Nullable<Bytea>>, _>(&replay_key_binds),
         ),
     )
     .load(conn)
@@ -177,18 +282,17 @@ pub async fn insert_events(
         .iter()
         .map(|key| (key.provider.as_str(), key.event_id.as_str()))
         .collect();
+    let key_of = |i: usize| (events[i].provider.as_str(), events[i].event_id.as_str());
 
-    let duplicates: Vec<usize> = unique
+    let not_inserted: Vec<usize> = indices
         .iter()
         .copied()
-        .filter(|&i| {
-            !inserted.contains(&(events[i].provider.as_str(), events[i].event_id.as_str()))
-        })
+        .filter(|&i| !inserted.contains(&key_of(i)))
         .collect();
-    let stored_hashes = if duplicates.is_empty() {
+    let stored_hashes = if not_inserted.is_empty() {
         Vec::new()
     } else {
-        let (providers, event_ids) = key_columns(events, &duplicates);
+        let (providers, event_ids) = key_columns(events, &not_inserted);
         cached_sql(
             "SELECT stored.provider, stored.event_id, stored.body_sha256 \
              FROM unnest($1::text[], $2::text[]) AS input(provider, event_id) \
@@ -211,28 +315,122 @@ pub async fn insert_events(
         })
         .collect();
 
-    Ok(events
+    // Not inserted and not stored under their id: a guarded event conflicted on its replay key.
+    let mut replays = Vec::new();
+    for (position, &i) in indices.iter().enumerate() {
+        let key = key_of(i);
+        if inserted.contains(&key) {
+            outcomes.insert(key, InsertOutcome::Accepted);
+        } else if let Some(&stored) = stored_hashes.get(&key) {
+            let same_body = Some(stored == events[i].body_sha256);
+            outcomes.insert(key, InsertOutcome::Duplicate { same_body });
+        } else if let Some(replay_key) = replay_keys[position] {
+            replays.push((i, replay_key));
+        } else {
+            outcomes.insert(key, InsertOutcome::Duplicate { same_body: None });
+        }
+    }
+    if replays.is_empty() {
+        return Ok(Vec::new());
+    }
+    let suppressed = store_suppressed_replays(conn, events, &replays).await?;
+    let suppressed: HashMap<(&str, &str), &SuppressedKey> = suppressed
         .iter()
-        .enumerate()
-        .map(|(index, event)| {
-            let key = (event.provider.as_str(), event.event_id.as_str());
-            let first = first_of_key[&key];
-            if first == index && inserted.contains(&key) {
-                InsertOutcome::Accepted
-            } else if first == index {
-                InsertOutcome::Duplicate {
-                    // Gone again (purged) between the insert and the read: unknown.
-                    same_body: stored_hashes
-                        .get(&key)
-                        .map(|&stored| stored == event.body_sha256),
-                }
-            } else {
-                InsertOutcome::Duplicate {
-                    same_body: Some(events[first].body_sha256 == event.body_sha256),
-                }
+        .map(|row| ((row.provider.as_str(), row.event_id.as_str()), row))
+        .collect();
+    let mut again = Vec::new();
+    for (i, _) in replays {
+        let key = key_of(i);
+        let outcome = match suppressed.get(&key) {
+            Some(row) if row.kept => InsertOutcome::SuppressedReplay {
+                original_id: row.original_id,
+            },
+            // Its id was stored meanwhile, by a concurrent delivery of the same event.
+            Some(_) => InsertOutcome::Duplicate { same_body: None },
+            None => {
+                again.push(i);
+                continue;
             }
-        })
-        .collect())
+        };
+        outcomes.insert(key, outcome);
+    }
+    Ok(again)
+}
+
+/// Stores events that conflicted on their replay key as suppressed replays of the event
+/// holding that key: a dedup key of their own (no replay key, so it conflicts with nothing
+/// else) and a row in `inbox_suppressed_replays`, in one statement. Returns a row for each
+/// event whose original was found; one whose original is gone (purged since the insert) has
+/// none.
+async fn store_suppressed_replays(
+    conn: &mut AsyncPgConnection,
+    events: &[NewEvent],
+    replays: &[(usize, [u8; 32])],
+) -> QueryResult<Vec<SuppressedKey>> {
+    let indices: Vec<usize> = replays.iter().map(|&(i, _)| i).collect();
+    let (providers, event_ids) = key_columns(events, &indices);
+    let event_types: Vec<Option<&str>> = indices
+        .iter()
+        .map(|&i| events[i].event_type.as_deref())
+        .collect();
+    let headers: Vec<&serde_json::Value> = indices.iter().map(|&i| &events[i].headers).collect();
+    let bodies: Vec<&[u8]> = indices.iter().map(|&i| events[i].body.as_slice()).collect();
+    let hashes: Vec<&[u8]> = indices
+        .iter()
+        .map(|&i| events[i].body_sha256.as_slice())
+        .collect();
+    let ordering_keys: Vec<Option<&str>> = indices
+        .iter()
+        .map(|&i| events[i].ordering.as_ref().map(|o| o.key.as_str()))
+        .collect();
+    let sequences: Vec<Option<i64>> = indices
+        .iter()
+        .map(|&i| events[i].ordering.as_ref().map(|o| o.sequence))
+        .collect();
+    let replay_keys: Vec<&[u8]> = replays.iter().map(|(_, key)| key.as_slice()).collect();
+    let stored: Vec<SuppressedKey> = cached_sql(
+        "WITH input AS ( \
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::bytea[], \
+                                  $6::bytea[], $7::text[], $8::bigint[], $9::bytea[]) \
+                 AS input(provider, event_id, event_type, headers, body, body_sha256, \
+                          ordering_key, ordering_sequence, replay_key) \
+         ), originals AS ( \
+             SELECT input.provider, input.event_id, original.id AS original_id \
+             FROM input JOIN inbox_dedup AS original ON original.replay_key = input.replay_key \
+         ), keyed AS ( \
+             INSERT INTO inbox_dedup (provider, event_id, body_sha256) \
+             SELECT input.provider, input.event_id, input.body_sha256 \
+             FROM input JOIN originals USING (provider, event_id) \
+             ON CONFLICT (provider, event_id) DO NOTHING \
+             RETURNING id, provider, event_id \
+         ), kept AS ( \
+             INSERT INTO inbox_suppressed_replays (id, provider, event_id, event_type, headers, \
+                                                   body, body_sha256, ordering_key, \
+                                                   ordering_sequence, original_id) \
+             SELECT keyed.id, input.provider, input.event_id, input.event_type, input.headers, \
+                    input.body, input.body_sha256, input.ordering_key, input.ordering_sequence, \
+                    originals.original_id \
+             FROM keyed JOIN input USING (provider, event_id) \
+                        JOIN originals USING (provider, event_id) \
+         ) \
+         SELECT originals.provider, originals.event_id, originals.original_id, \
+                keyed.id IS NOT NULL AS kept \
+         FROM originals LEFT JOIN keyed USING (provider, event_id)",
+        (
+            bind::<Array<Text>, _>(&providers),
+            bind::<Array<Text>, _>(&event_ids),
+            bind::<Array<Nullable<Text>>, _>(&event_types),
+            bind::<Array<Jsonb>, _>(&headers),
+            bind::<Array<Bytea>, _>(&bodies),
+            bind::<Array<Bytea>, _>(&hashes),
+            bind::<Array<Nullable<Text>>, _>(&ordering_keys),
+            bind::<Array<Nullable<BigInt>>, _>(&sequences),
+            bind::<Array<Bytea>, _>(&replay_keys),
+        ),
+    )
+    .load(conn)
+    .await?;
+    Ok(stored)
 }
 
 /// The `provider` and `event_id` columns of the events at `indices`, to bind as arrays.

@@ -67,6 +67,7 @@ pub(super) struct ProviderSpec {
     drop_headers: Vec<String>,
     keep_headers: Option<Vec<String>>,
     ordering: Option<crate::ordering::OrderingSpec>,
+    suppress_replays: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -119,6 +120,9 @@ pub(super) fn build_provider(
     if let Some(ordering) = &spec.ordering {
         ordering.validate().map_err(&fail)?;
     }
+    let suppress_replays = spec
+        .suppress_replays
+        .unwrap_or_else(|| replayable_under_new_ids(&spec, scheme.as_ref(), &identity));
     Ok(Provider {
         name: name.to_owned(),
         ack: spec.answer.clone().map_or(profile.ack.clone(), Ack::Text),
@@ -132,7 +136,28 @@ pub(super) fn build_provider(
         drop_headers: lowercase(&spec.drop_headers),
         keep_headers: spec.keep_headers.as_deref().map(lowercase),
         ordering: spec.ordering,
+        suppress_replays,
     })
+}
+
+/// Whether anyone who saw one delivery could send it again as a new event, which is when
+/// replays are suppressed unless the file says otherwise: the scheme signs the body but no
+/// timestamp, nor the URL, nor the id, and the id may come from a header. Where the id is read
+/// from the signed body a copy carries the same id and is a duplicate already; providers with
+/// no id (Dropbox) or that sign the URL (Twilio) legitimately send one body more than once; a
+/// static credential or no signature at all lets its holder send anything.
+fn replayable_under_new_ids(spec: &ProviderSpec, scheme: &dyn Scheme, identity: &Identity) -> bool {
+    let id_from_header = matches!(identity, Identity::Fields { event_id, .. }
+        if event_id.iter().any(|source| matches!(source, FieldSource::Header(_))));
+    !spec.unsigned
+        && scheme.tolerance().is_none()
+        && scheme.family() != Family::Credential
+        && !scheme.profile().signs_url
+        && !spec
+            .signed
+            .as_deref()
+            .is_some_and(|signed| signed.contains("{id}"))
+        && id_from_header
 }
 
 fn lowercase(names: &[String]) -> Vec<String> {

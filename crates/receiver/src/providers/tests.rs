@@ -188,6 +188,57 @@ fn the_example_file_parses_as_shipped_and_with_every_provider_uncommented() {
     assert_eq!(all.iter().count(), 29);
     let stripe = all.get("stripe").expect("stripe");
     assert_eq!(stripe.key_names, ["current", "previous"]);
+
+    // Replays are suppressed by default exactly where a seen delivery could be sent again
+    // under a fresh id: body-only signatures whose id comes from an unsigned header. Not where
+    // the id is in the signed body (demo, typeform, intercom: a copy is a duplicate), a
+    // timestamp, the URL or the id is signed, a static credential is compared, or there is no
+    // id at all (dropbox, whose identical bodies are legitimate).
+    let suppressing: Vec<&str> = all
+        .iter()
+        .filter(|provider| provider.suppress_replays)
+        .map(|provider| provider.name.as_str())
+        .collect();
+    assert_eq!(
+        suppressing,
+        ["github", "jira", "razorpay", "shopify", "woocommerce"]
+    );
+}
+
+#[test]
+fn the_provider_file_can_turn_replay_suppression_on_or_off() {
+    let providers = parse(
+        r#"
+        [providers.github]
+        scheme = "github"
+        secrets = [{ env = "SECRET" }]
+        suppress_replays = false
+        [providers.demo]
+        scheme = "hmac-sha256"
+        signature_header = "X-Signature"
+        event_id = { json_pointer = "/id" }
+        secrets = [{ env = "SECRET" }]
+        suppress_replays = true
+        [providers.acme]
+        scheme = "hmac-sha256"
+        signature_header = "X-Acme-Signature"
+        event_id = { header = "X-Acme-Id" }
+        secrets = [{ env = "SECRET" }]
+        [providers.signed-id]
+        scheme = "template"
+        signature_header = "X-Signature"
+        signed = "{id}.{body}"
+        id_header = "X-Id"
+        event_id = { header = "X-Id" }
+        secrets = [{ env = "SECRET" }]
+        "#,
+    )
+    .expect("valid file");
+    let suppresses = |name: &str| providers.get(name).expect(name).suppress_replays;
+    assert!(!suppresses("github"));
+    assert!(suppresses("demo"));
+    assert!(suppresses("acme"), "an unsigned id header, by default");
+    assert!(!suppresses("signed-id"), "the id is signed");
 }
 
 #[test]

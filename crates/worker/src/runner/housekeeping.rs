@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use inbox_core::operations::Purged;
 use inbox_core::{inbox, operations};
 use tokio::sync::watch;
 
@@ -66,11 +67,12 @@ impl Worker {
         }
         .await;
         match result {
-            Ok(purged) if purged.events + purged.days + purged.processed_records > 0 => {
+            Ok(purged) if purged != Purged::default() => {
                 tracing::info!(
                     events = purged.events,
                     days = purged.days,
                     processed_records = purged.processed_records,
+                    suppressed_replays = purged.suppressed_replays,
                     "purged old done events"
                 );
             }
