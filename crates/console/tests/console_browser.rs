@@ -1,8 +1,9 @@
 //! The console in a real headless Chromium, driven through WebDriver (chromedriver): log in as
 //! viewer and as operator, filter by payload, open an event whose body, header and id hold
 //! script (nothing runs), replay by filter with the estimate shown first, pause a route and
-//! see its events wait, find the audit entries, and be refused a repair as viewer and without
-//! a CSRF token. Screenshots go to target/console-screenshots/.
+//! see its events wait, read the refusals and release a suppressed replay, find the audit
+//! entries, and be refused a repair as viewer and without a CSRF token. Screenshots go to
+//! target/console-screenshots/.
 //!
 //! The distribution's `chromium` and `chromium-driver` are installed when missing (as root,
 //! through apt-get), like PostgreSQL for the other tests.
@@ -415,10 +416,66 @@ async fn an_operator_and_a_viewer_use_the_console_in_chromium() {
         "resumed events were not claimed"
     );
 
+    // Refusals grouped by cause, and a suppressed replay (its id chosen by the sender)
+    // released from its row.
+    let refusal = |cause: &str, request_id: &str| inbox_core::rejections::NewRejection {
+        at: chrono::Utc::now(),
+        provider: "github".into(),
+        cause: cause.into(),
+        status: 401,
+        request_id: request_id.into(),
+        headers: serde_json::json!({}),
+        body_bytes: 180,
+        body_sha256: None,
+    };
+    inbox_core::rejections::insert(
+        &mut conn,
+        &[
+            refusal("invalid_signature", "2f1c0a9e-7d41"),
+            refusal("invalid_signature", "8b3e55d2-0c17"),
+            refusal("missing_signature", "c40d1e7a-93b2"),
+        ],
+    )
+    .await
+    .unwrap();
+    let guarded = |event_id: &str| inbox_core::inbox::NewEvent {
+        suppress_replays: true,
+        ..event("github", event_id, "push", r#"{"ref":"refs/heads/main"}"#)
+    };
+    inbox_core::inbox::insert_events(
+        &mut conn,
+        &[guarded("delivery-1"), guarded(SCRIPT_EVENT_ID)],
+    )
+    .await
+    .unwrap();
+    client.goto(&console.url("/refusals")).await.unwrap();
+    let refusals = text(&client, "#refusals").await;
+    assert!(
+        refusals.contains("github invalid_signature 401 2"),
+        "{refusals}"
+    );
+    assert!(text(&client, "#suppressed-replays")
+        .await
+        .contains(SCRIPT_EVENT_ID));
+    screenshot(&client, "refusals").await;
+    nothing_ran(&client).await;
+    click(&client, Locator::Css("button.release")).await;
+    assert!(inbox_core::replays::list(&mut conn, None, None, 10)
+        .await
+        .unwrap()
+        .is_empty());
+
     // The audit shows who did what, on which filter, estimated and done.
     client.goto(&console.url("/audit")).await.unwrap();
     let audit = text(&client, "#audit").await;
-    for expected in ["replay_filter", "cus_B", "pause", "resume", OPERATOR.0] {
+    for expected in [
+        "replay_filter",
+        "cus_B",
+        "pause",
+        "resume",
+        "release_replay",
+        OPERATOR.0,
+    ] {
         assert!(audit.contains(expected), "audit lacks {expected}: {audit}");
     }
     let replay_row = client

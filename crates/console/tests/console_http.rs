@@ -504,3 +504,137 @@ async fn an_ordered_events_key_is_shown_and_a_blocked_keys_dead_head_is_listed_a
     assert_eq!(answer.status(), 400, "a released key is not released twice");
     console.running.stop().await;
 }
+
+#[tokio::test]
+async fn refusals_are_grouped_by_cause_and_a_suppressed_replay_is_released_by_an_operator_only() {
+    let console = TestConsole::start(false).await;
+    let mut conn = console.db.connect().await;
+    let refusal = |cause: &str, request_id: &str| inbox_core::rejections::NewRejection {
+        at: chrono::Utc::now(),
+        provider: "stripe".into(),
+        cause: cause.into(),
+        status: 401,
+        request_id: request_id.into(),
+        headers: serde_json::json!({}),
+        body_bytes: 10,
+        body_sha256: None,
+    };
+    inbox_core::rejections::insert(
+        &mut conn,
+        &[
+            refusal("invalid_signature", "req-1"),
+            refusal("invalid_signature", "req-2"),
+            refusal("stale_timestamp", "req-3"),
+        ],
+    )
+    .await
+    .unwrap();
+    let guarded = |event_id: &str| inbox_core::inbox::NewEvent {
+        suppress_replays: true,
+        ..event("github", event_id, "push", r#"{"ref":"main"}"#)
+    };
+    let outcomes = inbox_core::inbox::insert_events(&mut conn, &[guarded("d-1"), guarded("d-2")])
+        .await
+        .unwrap();
+    assert!(matches!(
+        outcomes[1],
+        inbox_core::inbox::InsertOutcome::SuppressedReplay { .. }
+    ));
+    let replay_id = inbox_core::replays::list(&mut conn, None, None, 1)
+        .await
+        .unwrap()[0]
+        .id;
+
+    let viewer = HttpSession::log_in(&console, VIEWER).await;
+    let overview = viewer.get(&console, "/").await.text().await.unwrap();
+    assert!(
+        overview.contains(r#"<div class="figure" id="refused-24h">3</div>"#),
+        "{overview}"
+    );
+    assert!(
+        overview.contains(r#"<div class="figure" id="suppressed-replays">1</div>"#),
+        "{overview}"
+    );
+    let page = viewer
+        .get(&console, "/refusals")
+        .await
+        .text()
+        .await
+        .unwrap();
+    let refusals = &page[page.find(r#"id="refusals""#).unwrap()..];
+    assert!(
+        refusals.contains(
+            r#"<td>stripe</td><td><code>invalid_signature</code></td><td class="num">401</td><td class="num">2</td>"#
+        ),
+        "{refusals}"
+    );
+    assert!(refusals.contains("<code>req-2</code>"), "{refusals}");
+    assert!(refusals.contains("stale_timestamp"), "{refusals}");
+    let replays = &page[page.find(r#"id="suppressed-replays""#).unwrap()..];
+    assert!(replays.contains("<code>d-2</code>"), "{replays}");
+    assert!(!replays.contains("Release"), "a viewer gets no button");
+
+    let id = replay_id.to_string();
+    let answer = viewer
+        .post(
+            &console,
+            "/replays/release",
+            &[("csrf_token", &viewer.csrf_token), ("id", &id)],
+        )
+        .await;
+    assert_eq!(answer.status(), 403);
+    let operator = HttpSession::log_in(&console, OPERATOR).await;
+    let answer = operator
+        .post(
+            &console,
+            "/replays/release",
+            &[("csrf_token", "forged"), ("id", &id)],
+        )
+        .await;
+    assert_eq!(answer.status(), 403);
+    assert_eq!(
+        inbox_core::replays::count(&mut conn).await.unwrap(),
+        1,
+        "nothing released yet"
+    );
+    let page = operator
+        .get(&console, "/refusals")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains(r#"class="release""#), "{page}");
+    let answer = operator
+        .post(
+            &console,
+            "/replays/release",
+            &[("csrf_token", &operator.csrf_token), ("id", &id)],
+        )
+        .await;
+    assert_eq!(answer.status(), 303);
+    assert_eq!(inbox_core::replays::count(&mut conn).await.unwrap(), 0);
+    assert_eq!(
+        inbox_core::operations::show(&mut conn, "github", "d-2")
+            .await
+            .unwrap()
+            .unwrap()
+            .summary
+            .status,
+        InboxStatus::Ready
+    );
+    let audit = inbox_core::operations::audit::recent(&mut conn, 10)
+        .await
+        .unwrap();
+    assert_eq!(audit[0].action, "release_replay");
+    assert_eq!(audit[0].actor, OPERATOR.0);
+    assert_eq!(audit[0].target, serde_json::json!({ "id": replay_id }));
+    let answer = operator
+        .post(
+            &console,
+            "/replays/release",
+            &[("csrf_token", &operator.csrf_token), ("id", &id)],
+        )
+        .await;
+    assert_eq!(answer.status(), 400, "released once");
+    console.running.stop().await;
+}

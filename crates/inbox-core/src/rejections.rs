@@ -133,3 +133,18 @@ pub async fn grouped(
     .load(conn)
     .await
 }
+
+/// Refusals recorded since `since`. Reads the `at` index; takes no lock.
+pub async fn count_since(conn: &mut AsyncPgConnection, since: DateTime<Utc>) -> QueryResult<i64> {
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let count: Count =
+        diesel::sql_query("SELECT count(*) AS n FROM inbox_rejections WHERE at >= $1")
+            .bind::<Timestamptz, _>(since)
+            .get_result(conn)
+            .await?;
+    Ok(count.n)
+}

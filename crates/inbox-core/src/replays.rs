@@ -68,23 +68,17 @@ pub async fn list(
     .await
 }
 
-/// How many replays are suppressed now, and how many arrived since `since`.
-pub async fn count(conn: &mut AsyncPgConnection, since: DateTime<Utc>) -> QueryResult<(i64, i64)> {
+/// How many replays are suppressed now.
+pub async fn count(conn: &mut AsyncPgConnection) -> QueryResult<i64> {
     #[derive(QueryableByName)]
-    struct Counts {
+    struct Count {
         #[diesel(sql_type = BigInt)]
-        total: i64,
-        #[diesel(sql_type = BigInt)]
-        recent: i64,
+        n: i64,
     }
-    let counts: Counts = diesel::sql_query(
-        "SELECT count(*) AS total, count(*) FILTER (WHERE received_at >= $1) AS recent \
-         FROM inbox_suppressed_replays",
-    )
-    .bind::<Timestamptz, _>(since)
-    .get_result(conn)
-    .await?;
-    Ok((counts.total, counts.recent))
+    let count: Count = diesel::sql_query("SELECT count(*) AS n FROM inbox_suppressed_replays")
+        .get_result(conn)
+        .await?;
+    Ok(count.n)
 }
 
 /// Releases the suppressed replays `ids`: each moves into the journal and the queue as if it

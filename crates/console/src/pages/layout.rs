@@ -27,6 +27,7 @@ pub fn page(title: &str, user: &CurrentUser, state: &AppState, content: Markup) 
                 a href="/" { "Overview" }
                 a href="/events" { "Events" }
                 a href="/routes" { "Routes" }
+                a href="/refusals" { "Refusals" }
                 a href="/audit" { "Audit" }
             }
             div.who {

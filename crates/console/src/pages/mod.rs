@@ -9,6 +9,7 @@ pub mod filter;
 pub mod layout;
 pub mod login;
 pub mod overview;
+pub mod refusals;
 pub mod repair;
 pub mod routes;
 
@@ -30,5 +31,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/routes/pause", web::post().to(routes::pause))
         .route("/routes/resume", web::post().to(routes::resume))
         .route("/keys/skip", web::post().to(routes::skip))
+        .route("/refusals", web::get().to(refusals::page))
+        .route("/replays/release", web::post().to(refusals::release))
         .route("/audit", web::get().to(audit::page));
 }

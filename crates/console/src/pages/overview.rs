@@ -25,6 +25,9 @@ pub async fn page(
     let minutes = overview::last_hour(&mut conn).await?;
     let dead_last_day = overview::dead_last_day(&mut conn).await?;
     let top_errors = operations::top_errors(&mut conn, 5).await?;
+    let day_ago = chrono::Utc::now() - chrono::Duration::hours(24);
+    let refused_last_day = inbox_core::rejections::count_since(&mut conn, day_ago).await?;
+    let suppressed = inbox_core::replays::count(&mut conn).await?;
     drop(conn);
 
     let total = |status: InboxStatus| {
@@ -49,6 +52,8 @@ pub async fn page(
             div.card { div { "Due now" } div.figure id="due" { (backlog.due) } }
             div.card { div { "Oldest unprocessed" } div.figure { (format_age(backlog.oldest_unprocessed_age_seconds)) } }
             div.card { div { "Dead, last 24 h" } div.figure id="dead-24h" { (dead_last_day) } }
+            div.card { div { a href="/refusals" { "Refused, last 24 h" } } div.figure id="refused-24h" { (refused_last_day) } }
+            div.card { div { a href="/refusals" { "Suppressed replays" } } div.figure id="suppressed-replays" { (suppressed) } }
             @for status in InboxStatus::ALL {
                 div.card { div { (status.as_str()) } div.figure.{ "state-" (status.as_str()) } { (total(status)) } }
             }
