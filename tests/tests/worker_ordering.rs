@@ -551,3 +551,44 @@ async fn a_worker_killed_while_holding_a_key_lets_no_other_event_of_it_start_bef
         "the two events ran at once"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_keys_next_event_is_handed_on_by_the_transaction_that_completes_the_one_before() {
+    const EVENTS: i64 = 200;
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let events: Vec<NewEvent> = (1..=EVENTS)
+        .map(|sequence| ordered_event("hot", sequence, Duration::ZERO))
+        .collect();
+    insert_events(&mut conn, &events).await.unwrap();
+    let recorder = Arc::new(Recorder::default());
+    // Two workers: the key's events still run one at a time, in sequence order.
+    let workers = start_workers(&db, &recorder, 2);
+    wait_for_count(
+        &mut conn,
+        "the hot key is drained",
+        "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
+        EVENTS,
+        Duration::from_secs(60),
+    )
+    .await;
+    let mut handed_on = 0;
+    for worker in workers {
+        handed_on += worker.stop().await.handed_on.get();
+    }
+    assert_eq!(recorder.overlaps.load(Ordering::SeqCst), 0);
+    let seen = recorder.seen("hot");
+    assert_eq!(check_order("hot", &seen), 0, "none is late");
+    let sequences: Vec<i64> = seen.iter().map(|s| s.sequence).collect();
+    assert_eq!(sequences, (1..=EVENTS).collect::<Vec<_>>());
+    // Every event but the first is claimed by its predecessor's completion, not by a claim.
+    assert_eq!(handed_on, EVENTS as u64 - 1);
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM inbox_keys WHERE holder IS NULL AND processed_sequence = 200"
+        )
+        .await,
+        1
+    );
+}

@@ -20,6 +20,9 @@ pub struct Metrics {
     /// `inbox_worker_savepoint_reruns_total`: shared transactions rolled back by a failing
     /// handler and run again with a savepoint per event.
     pub savepoint_reruns: IntCounter,
+    /// `inbox_worker_handed_on_total`: events of ordered keys claimed by the transaction that
+    /// completed their key's previous event, and run in the same slot without a claim.
+    pub handed_on: IntCounter,
     /// `inbox_worker_rescued_total{to}`: expired leases returned to ready or dead-lettered.
     pub rescued: IntCounterVec,
     /// `inbox_worker_stale_events_total{provider,handling}`: late arrivals of ordered providers
@@ -91,6 +94,11 @@ impl Metrics {
         let savepoint_reruns = IntCounter::new(
             "worker_savepoint_reruns_total",
             "Shared transactions rolled back by a failing handler and run again with a savepoint per event.",
+        )
+        .unwrap_or_else(|err| panic!("{err}"));
+        let handed_on = IntCounter::new(
+            "worker_handed_on_total",
+            "Events of ordered keys claimed by the transaction that completed their key's previous event.",
         )
         .unwrap_or_else(|err| panic!("{err}"));
         let rescued = IntCounterVec::new(
@@ -165,6 +173,7 @@ impl Metrics {
             handler_duration: register(&registry, handler_duration),
             lease_lost: register(&registry, lease_lost),
             savepoint_reruns: register(&registry, savepoint_reruns),
+            handed_on: register(&registry, handed_on),
             rescued: register(&registry, rescued),
             stale: register(&registry, stale),
             registry,

@@ -70,6 +70,27 @@ pub struct Claim {
     pub events: Vec<ClaimedEvent>,
 }
 
+/// The tail of a claim: the rows of CTEs `claimed` (the queue rows taken, with `RETURNING id,
+/// attempt, next_attempt_at, ordering_key, ordering_sequence`) and `keyed` (their keys taken,
+/// `RETURNING holder AS id, processed_sequence`) as [`ClaimedEvent`]s, each with its journal
+/// row read by key (see [`claim_due`] for why in a `LATERAL` subquery), oldest due first.
+macro_rules! claimed_events {
+    () => {
+        "SELECT event.id, event.provider, event.event_id, event.event_type, \
+                event.received_at, event.headers, event.body, claimed.attempt, \
+                claimed.ordering_key, claimed.ordering_sequence, \
+                coalesce(claimed.ordering_sequence < keyed.processed_sequence, false) AS stale, \
+                coalesce(policy.skip_stale, false) AS skip_stale \
+         FROM claimed CROSS JOIN LATERAL ( \
+             SELECT * FROM inbox_events WHERE inbox_events.id = claimed.id LIMIT 1 \
+         ) AS event \
+         LEFT JOIN keyed ON keyed.id = claimed.id \
+         LEFT JOIN inbox_ordering_providers AS policy \
+             ON claimed.ordering_key IS NOT NULL AND policy.provider = event.provider \
+         ORDER BY claimed.next_attempt_at, event.id"
+    };
+}
+
 /// Claims up to `limit` due ready rows in one short statement and returns them under a fresh
 /// lease: `status = processing`, `attempt + 1`, `locked_until = now() + lease`; each with its
 /// journal columns, read (not written) from `inbox_events` by primary key.
@@ -119,7 +140,7 @@ pub async fn claim_due(
 ) -> QueryResult<Claim> {
     let lease_token = Uuid::new_v4();
     let events = cached_sql(
-        statuses_sql!(
+        statuses_sql!(concat!(
             "WITH unflushed AS MATERIALIZED ( \
                  SELECT set_config('synchronous_commit', 'off', true) \
              ), plain AS MATERIALIZED ( \
@@ -177,20 +198,9 @@ pub async fn claim_due(
                  WHERE key.ordering_key = ANY(ARRAY( \
                      SELECT ordering_key FROM claimed WHERE ordering_key IS NOT NULL)) \
                  RETURNING key.holder AS id, key.processed_sequence \
-             ) \
-             SELECT event.id, event.provider, event.event_id, event.event_type, \
-                    event.received_at, event.headers, event.body, claimed.attempt, \
-                    claimed.ordering_key, claimed.ordering_sequence, \
-                    coalesce(claimed.ordering_sequence < keyed.processed_sequence, false) AS stale, \
-                    coalesce(policy.skip_stale, false) AS skip_stale \
-             FROM claimed CROSS JOIN LATERAL ( \
-                 SELECT * FROM inbox_events WHERE inbox_events.id = claimed.id LIMIT 1 \
-             ) AS event \
-             LEFT JOIN keyed ON keyed.id = claimed.id \
-             LEFT JOIN inbox_ordering_providers AS policy \
-                 ON claimed.ordering_key IS NOT NULL AND policy.provider = event.provider \
-             ORDER BY claimed.next_attempt_at, event.id"
-        ),
+             ) ",
+            claimed_events!()
+        )),
         (
             bind::<diesel::sql_types::Uuid, _>(lease_token),
             bind::<Text, _>(worker_name),
@@ -313,6 +323,65 @@ pub async fn complete_all_keyed(
     .execute(conn)
     .await?;
     expect_all(updated, ids.len())
+}
+
+/// Hands each of `keys` on to its next event, in the transaction that completed the key's
+/// event (after [`complete_all_keyed`], which locked the keys and whose trigger freed them):
+/// a key still free and not blocked whose head is ready, due and not paused has that head
+/// claimed under `lease_token` for `worker_name`, as [`claim_due`] would claim it. The next
+/// event of a busy key then starts without waiting for a claim, and its claim commits with
+/// the completion before it: one commit per event. Takes no lock the completion did not
+/// hold already but the claimed rows'; should the transaction roll back, the claim goes with
+/// it and the heads stay ready.
+pub async fn hand_on_keys(
+    conn: &mut AsyncPgConnection,
+    keys: &[&str],
+    worker_name: &str,
+    lease_token: Uuid,
+    lease: Duration,
+) -> QueryResult<Vec<ClaimedEvent>> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    cached_sql(
+        statuses_sql!(concat!(
+            "WITH heads AS MATERIALIZED ( \
+                 SELECT head.id FROM inbox_keys AS key \
+                 CROSS JOIN LATERAL ( \
+                     SELECT inbox_queue.id, inbox_queue.status, inbox_queue.next_attempt_at, \
+                            {not_paused} AS not_paused \
+                     FROM inbox_queue WHERE inbox_queue.ordering_key = key.ordering_key \
+                     ORDER BY inbox_queue.ordering_sequence, inbox_queue.id \
+                     LIMIT 1 \
+                 ) AS head \
+                 WHERE key.ordering_key = ANY($4) AND key.holder IS NULL \
+                   AND key.blocked_by IS NULL AND head.status = {ready} \
+                   AND head.next_attempt_at <= now() AND head.not_paused \
+             ), claimed AS ( \
+                 UPDATE inbox_queue AS queue \
+                 SET status = {processing}, attempt = queue.attempt + 1, lease_token = $1, \
+                     locked_by = $2, locked_until = now() + $3 * interval '1 millisecond' \
+                 WHERE queue.id = ANY(ARRAY(SELECT id FROM heads)) AND queue.status = {ready} \
+                 RETURNING queue.id, queue.attempt, queue.next_attempt_at, queue.ordering_key, \
+                           queue.ordering_sequence \
+             ), keyed AS ( \
+                 UPDATE inbox_keys AS key \
+                 SET holder = (SELECT claimed.id FROM claimed \
+                               WHERE claimed.ordering_key = key.ordering_key) \
+                 WHERE key.ordering_key = ANY(ARRAY(SELECT ordering_key FROM claimed)) \
+                 RETURNING key.holder AS id, key.processed_sequence \
+             ) ",
+            claimed_events!()
+        )),
+        (
+            bind::<diesel::sql_types::Uuid, _>(lease_token),
+            bind::<Text, _>(worker_name),
+            bind::<BigInt, _>(duration_millis(lease)),
+            bind::<Array<Text>, _>(keys),
+        ),
+    )
+    .load::<ClaimedEvent>(conn)
+    .await
 }
 
 /// `processing -> ready` after a retryable failure, due again after `delay`, with `error`

@@ -7,22 +7,60 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use inbox_core::backoff::RetryDecision;
-use inbox_core::inbox;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use inbox_core::inbox::{self, ClaimedEvent};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
-use super::batch::{Batch, Routed};
+use super::batch::{batches, Batch, Routed};
 use super::session::AttemptSession;
-use super::transaction::Outcome;
+use super::transaction::{Committed, Outcome};
 use super::{AttemptError, Worker, WorkerError};
 use crate::handler::{Event, Handled, HandlerError};
 
 impl Worker {
+    /// Runs `batch`, claimed under `token`, in one slot; then, in the same slot, the events
+    /// its transactions handed on (the next events of the ordered keys they completed), until
+    /// none is handed on. A busy key's events thus follow each other one commit apart, with no
+    /// claim between them. Once the worker stops, handed-on events are given back unstarted.
+    pub(super) async fn run_slot(
+        &self,
+        batch: Batch,
+        token: Uuid,
+        shutdown: &watch::Receiver<bool>,
+    ) {
+        let mut pending = std::collections::VecDeque::from([batch]);
+        while let Some(batch) = pending.pop_front() {
+            let handed_on = self.attempt(batch, token).await;
+            if handed_on.is_empty() {
+                continue;
+            }
+            self.metrics.handed_on.inc_by(handed_on.len() as u64);
+            if *shutdown.borrow() {
+                let ids: Vec<i64> = handed_on.iter().map(|event| event.id).collect();
+                self.release(&ids, token).await;
+                continue;
+            }
+            pending.extend(self.batches_of(handed_on));
+        }
+    }
+
+    /// Claimed rows as batches (see [`batches`]), counting the late arrivals among them.
+    pub(super) fn batches_of(&self, rows: Vec<ClaimedEvent>) -> Vec<Batch> {
+        let on_stale = |provider: &str, skipped: bool| {
+            let handling = if skipped { "skipped" } else { "marked" };
+            self.metrics
+                .stale
+                .with_label_values(&[provider, handling])
+                .inc();
+        };
+        batches(&self.router, rows, self.settings.transaction_size, on_stale)
+    }
+
     /// One attempt at `batch`, claimed under `token`: the transaction, then its settlement.
     /// The lease keeper keeps the rows leased meanwhile; should it find some of them lost,
     /// the transaction is abandoned on the spot (it rolls back; a forward in progress is
-    /// dropped).
-    pub(super) async fn attempt(&self, batch: Batch, token: Uuid) {
+    /// dropped). Returns the events its transaction handed on, now held under `token`.
+    pub(super) async fn attempt(&self, batch: Batch, token: Uuid) -> Vec<ClaimedEvent> {
         let held = self.leases.hold(batch.ids(), token);
         let session = AttemptSession::default();
         let started = Instant::now();
@@ -50,27 +88,34 @@ impl Worker {
                 .with_label_values(&[event.provider.as_str()])
                 .observe(elapsed);
         }
-        match result {
-            Ok(outcomes) => {
+        let handed_on = match result {
+            Ok(Committed {
+                outcomes,
+                handed_on,
+            }) => {
                 for ((event, label), outcome) in batch.labelled_events().into_iter().zip(outcomes) {
                     self.settle(event, label, token, outcome).await;
                 }
+                handed_on
             }
             Err(AttemptError::Worker(WorkerError::LeaseLost)) => {
                 drop(held);
-                self.after_lease_lost(batch, token, lost).await;
+                self.after_lease_lost(batch, token, lost).await
             }
             Err(AttemptError::Worker(WorkerError::NoConnection(err))) => {
                 tracing::warn!(error = %err, "no database connection to start the attempt; giving the events back");
                 self.release(&batch.ids(), token).await;
+                Vec::new()
             }
             Err(err) => self.isolate_or_settle(batch, token, err).await,
-        }
-        // Their keys are free again: this worker's idle claim loops look for the keys' next
-        // events at once (other replicas at their next claim or poll).
+        };
+        // Keys not handed on are free again (a failed event's retry, a key with nothing
+        // due): this worker's idle claim loops look for their next events at once (other
+        // replicas at their next claim or poll).
         if ordered {
             self.wake.notify_waiters();
         }
+        handed_on
     }
 
     /// The batch's transaction (after its route slots).
@@ -79,7 +124,7 @@ impl Worker {
         batch: &Batch,
         token: Uuid,
         session: &AttemptSession,
-    ) -> Result<Vec<Outcome>, AttemptError> {
+    ) -> Result<Committed, AttemptError> {
         match batch {
             Batch::Unrouted(events) => self.complete_unrouted(events, token).await,
             Batch::Routed(routed) => {
@@ -93,7 +138,12 @@ impl Worker {
     /// asked here) and its transaction rolled back. The rows lost belong to whoever holds them
     /// now; the others, still held, run again at once under the same lease: a lost lease
     /// costs the other events of a shared transaction neither an attempt nor their effects.
-    async fn after_lease_lost(&self, batch: Batch, token: Uuid, lost: Option<Vec<i64>>) {
+    async fn after_lease_lost(
+        &self,
+        batch: Batch,
+        token: Uuid,
+        lost: Option<Vec<i64>>,
+    ) -> Vec<ClaimedEvent> {
         let lost = match lost {
             Some(ids) => ids,
             None => self.lost_leases(&batch.ids(), token).await,
@@ -120,8 +170,9 @@ impl Worker {
                 self.metrics.count(&event.provider, label, "lease_lost");
             }
         }
-        if let Some(rest) = batch.without(&lost) {
-            Box::pin(self.attempt(rest, token)).await;
+        match batch.without(&lost) {
+            Some(rest) => Box::pin(self.attempt(rest, token)).await,
+            None => Vec::new(),
         }
     }
 
@@ -174,18 +225,25 @@ impl Worker {
     /// A transaction that failed as a whole. Shared, it failed for itself (not one handler:
     /// those roll back to their savepoint), so each event runs again in a transaction of its
     /// own; alone, its event's failure is settled.
-    async fn isolate_or_settle(&self, batch: Batch, token: Uuid, err: AttemptError) {
+    async fn isolate_or_settle(
+        &self,
+        batch: Batch,
+        token: Uuid,
+        err: AttemptError,
+    ) -> Vec<ClaimedEvent> {
+        let mut handed_on = Vec::new();
         match batch {
             Batch::Routed(routed) if routed.len() > 1 => {
                 tracing::warn!(error = %err, events = routed.len(), "shared transaction failed; retrying its events one by one");
                 for one in routed {
-                    Box::pin(self.attempt(Batch::Routed(vec![one]), token)).await;
+                    handed_on.extend(Box::pin(self.attempt(Batch::Routed(vec![one]), token)).await);
                 }
             }
             Batch::Unrouted(events) if events.len() > 1 => {
                 tracing::warn!(error = %err, events = events.len(), "completing unrouted events failed; retrying them one by one");
                 for one in events {
-                    Box::pin(self.attempt(Batch::Unrouted(vec![one]), token)).await;
+                    handed_on
+                        .extend(Box::pin(self.attempt(Batch::Unrouted(vec![one]), token)).await);
                 }
             }
             batch => {
@@ -194,6 +252,7 @@ impl Worker {
                 }
             }
         }
+        handed_on
     }
 
     /// Records what became of one event of a committed attempt; `label` is its event type

@@ -25,7 +25,6 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::batch::batches;
 use super::{Worker, WorkerError};
 
 impl Worker {
@@ -89,20 +88,7 @@ impl Worker {
                 self.release(&ids, token).await;
                 break;
             }
-            let on_stale = |provider: &str, skipped: bool| {
-                let handling = if skipped { "skipped" } else { "marked" };
-                self.metrics
-                    .stale
-                    .with_label_values(&[provider, handling])
-                    .inc();
-            };
-            let batches = batches(
-                &self.router,
-                claimed.events,
-                self.settings.transaction_size,
-                on_stale,
-            );
-            for batch in batches {
+            for batch in self.batches_of(claimed.events) {
                 // Free unless a claim's unrouted events and its shared ones took one slot
                 // more than their count: then the last batch waits for the first to finish.
                 let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
@@ -111,8 +97,9 @@ impl Worker {
                     continue;
                 };
                 let worker = self.clone();
+                let shutdown = shutdown.clone();
                 in_flight.spawn(async move {
-                    worker.attempt(batch, token).await;
+                    worker.run_slot(batch, token, &shutdown).await;
                     drop(permit);
                 });
             }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use futures_util::FutureExt;
-use inbox_core::inbox;
+use inbox_core::inbox::{self, ClaimedEvent};
 use uuid::Uuid;
 
 use super::batch::Routed;
@@ -22,6 +22,15 @@ enum Savepoints {
     None,
     /// Each event in its own savepoint: a failure undoes only that event's writes.
     PerEvent,
+}
+
+/// What an attempt's transaction came to: each event's outcome, and the events it handed
+/// on (claimed, under the attempt's lease, in the transaction that completed their keys'
+/// events: see [`inbox::hand_on_keys`]).
+#[derive(Debug, Default)]
+pub(super) struct Committed {
+    pub(super) outcomes: Vec<Outcome>,
+    pub(super) handed_on: Vec<ClaimedEvent>,
 }
 
 /// What one event's part of an attempt came to.
@@ -46,7 +55,7 @@ impl Worker {
         batch: &[Routed],
         token: Uuid,
         session: &AttemptSession,
-    ) -> Result<Vec<Outcome>, AttemptError> {
+    ) -> Result<Committed, AttemptError> {
         match self
             .run_events(batch, token, Savepoints::None, session)
             .await
@@ -67,15 +76,18 @@ impl Worker {
         &self,
         events: &[Event],
         token: Uuid,
-    ) -> Result<Vec<Outcome>, AttemptError> {
+    ) -> Result<Committed, AttemptError> {
         let mut conn = self.connection().await?;
         let ids: Vec<i64> = events.iter().map(|event| event.id).collect();
         let ordered = events.iter().any(|event| event.ordering_key.is_some());
         complete(&mut conn, &ids, token, ordered).await?;
-        Ok(events
-            .iter()
-            .map(|_| Outcome::Done(Handled::Ignored))
-            .collect())
+        Ok(Committed {
+            outcomes: events
+                .iter()
+                .map(|_| Outcome::Done(Handled::Ignored))
+                .collect(),
+            handed_on: Vec::new(),
+        })
     }
 
     /// One transaction running the handlers of `batch` and completing the ones that
@@ -87,7 +99,7 @@ impl Worker {
         token: Uuid,
         savepoints: Savepoints,
         session: &AttemptSession,
-    ) -> Result<Vec<Outcome>, AttemptError> {
+    ) -> Result<Committed, AttemptError> {
         let mut conn = self.connection().await?;
         session.reset();
         let result = conn
@@ -118,15 +130,24 @@ impl Worker {
                         }
                     }
                 }
-                let mut ordered = false;
+                let mut keys: Vec<&str> = Vec::new();
                 for (routed, outcome) in batch.iter().zip(&outcomes) {
                     if matches!(outcome, Outcome::Done(_)) {
                         completed.push(routed.event.id);
-                        ordered |= routed.event.ordering_key.is_some();
+                        keys.extend(routed.event.ordering_key.as_deref());
                     }
                 }
-                complete(tx, &completed, token, ordered).await?;
-                Ok(outcomes)
+                complete(tx, &completed, token, !keys.is_empty()).await?;
+                let handed_on = if keys.is_empty() {
+                    Vec::new()
+                } else {
+                    let (name, lease) = (&self.settings.name, self.settings.lease);
+                    inbox::hand_on_keys(tx, &keys, name, token, lease).await?
+                };
+                Ok(Committed {
+                    outcomes,
+                    handed_on,
+                })
             })
             .await;
         if session.is_abandoned() {
