@@ -41,7 +41,8 @@ pub enum ApiError {
     /// The body stream broke.
     #[error("body could not be read")]
     BodyUnreadable,
-    /// The database refused the event's row (a constraint): retrying cannot store it.
+    /// The database refused the event's row (a constraint, a data exception): retrying
+    /// cannot store it.
     #[error("the event cannot be stored")]
     Unstorable(#[source] Arc<StoreError>),
     /// The budget of body bytes in flight cannot take this body now; it was not read.

@@ -14,8 +14,8 @@
 //! answered "duplicate" if the first write did land). A batch is written until the last of
 //! its requests' deadlines; once every one of its requests has given up (deadline passed or
 //! client gone) its statement is cancelled on the server. A row the database refuses
-//! (a constraint) is isolated from the rest of its batch ([`write`]), and only its request
-//! is refused.
+//! (a constraint, a data exception) is isolated from the rest of its batch ([`write`]), and
+//! only its request is refused.
 
 mod write;
 
@@ -55,9 +55,10 @@ pub enum IngestMode {
 /// nothing was acked, and the provider's retry may well succeed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database refused this event's row (a constraint, SQLSTATE class 23): no retry can
-    /// store it, so it is refused (422). The other events of its batch were written.
-    #[error("the event breaks a constraint of the inbox")]
+    /// The database refused this event's row: a constraint (SQLSTATE class 23) or a value
+    /// its column's type cannot hold (class 22, a data exception). No retry can store it, so
+    /// it is refused (422). The other events of its batch were written.
+    #[error("the database refuses the event's row")]
     InvalidRow(#[source] diesel::result::Error),
     /// No database connection within the deadline (database down, or pool exhausted).
     #[error("no database connection available")]
