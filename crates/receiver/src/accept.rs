@@ -5,6 +5,7 @@ use actix_web::http::header::{self, HeaderMap};
 use actix_web::HttpResponse;
 use futures_util::future::join_all;
 use inbox_core::inbox::{InsertOutcome, NewEvent};
+use inbox_core::limits::is_storable_text;
 use inbox_signature::{Ack, HandshakeReply};
 use sha2::{Digest, Sha256};
 
@@ -67,22 +68,33 @@ pub async fn store_all(
     let kept = stored_headers(headers, provider);
     // One deadline for the request, whichever of its events waits longest.
     let deadline = state.ingestor.deadline_from_now();
-    let rows = events.into_iter().map(|event| {
-        let body = event.body.unwrap_or_else(|| body.to_vec());
-        let ordering = provider.ordering.as_ref().and_then(|ordering| {
-            ordering.of_event(&provider.name, &RequestHeaders(headers), &body)
-        });
-        NewEvent {
-            provider: provider.name.clone(),
-            event_id: event.event_id,
-            event_type: event.event_type,
-            headers: kept.clone(),
-            body_sha256: Sha256::digest(&body).into(),
-            ordering,
-            body,
-        }
-    });
-    let results = join_all(rows.map(|row| async {
+    let rows = events
+        .into_iter()
+        .map(|event| {
+            let body = event.body.unwrap_or_else(|| body.to_vec());
+            let ordering = provider.ordering.as_ref().and_then(|ordering| {
+                ordering.of_event(&provider.name, &RequestHeaders(headers), &body)
+            });
+            // Event ids and types are checked when identified; a key may come from any string
+            // of the body.
+            if ordering
+                .as_ref()
+                .is_some_and(|ordering| !is_storable_text(&ordering.key))
+            {
+                return Err(ApiError::InvalidOrderingKey);
+            }
+            Ok(NewEvent {
+                provider: provider.name.clone(),
+                event_id: event.event_id,
+                event_type: event.event_type,
+                headers: kept.clone(),
+                body_sha256: Sha256::digest(&body).into(),
+                ordering,
+                body,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let results = join_all(rows.into_iter().map(|row| async {
         let event_id = row.event_id.clone();
         (event_id, state.ingestor.store(row, deadline).await)
     }))
