@@ -53,21 +53,21 @@ impl Stored {
     }
 }
 
-/// Stores every event of a request and returns once all are committed (or known to exist).
-/// They are handed to the ingest path together, so group commit usually writes them in one
-/// statement; if any fails, the request is answered 503 (422 when the database refused its
-/// row) and the provider's retry stores the rest (those already committed come back as
-/// duplicates).
+/// Stores every event of a request and returns once all are committed (or known to exist),
+/// or at the request's `deadline` (see [`crate::http::Arrival`]), which every one of its
+/// events shares. They are handed to the ingest path together, so group commit usually writes
+/// them in one statement; if any fails, the request is answered 503 (422 when the database
+/// refused its row) and the provider's retry stores the rest (those already committed come
+/// back as duplicates).
 pub async fn store_all(
     state: &AppState,
     provider: &Provider,
     headers: &HeaderMap,
     body: &[u8],
     events: Vec<Identified>,
+    deadline: tokio::time::Instant,
 ) -> Result<Stored, ApiError> {
     let kept = stored_headers(headers, provider);
-    // One deadline for the request, whichever of its events waits longest.
-    let deadline = state.ingestor.deadline_from_now();
     let rows = events
         .into_iter()
         .map(|event| {
