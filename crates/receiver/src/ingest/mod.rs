@@ -12,9 +12,9 @@
 //! [`crate::http::Arrival`]): what receiving and verifying its body left of it is what
 //! waiting for a writer, for a connection and for the statement share. Past it the caller
 //! answers 503 and the provider retries (the retry is then harmless, answered "duplicate" if
-//! the first write did land). A batch is written until the last of
-//! its requests' deadlines; once every one of its requests has given up (deadline passed or
-//! client gone) its statement is cancelled on the server. A row the database refuses
+//! the first write did land). A batch is written until the last of its requests' deadlines;
+//! once every one of its requests has given up (deadline passed or client gone) its
+//! statement is cancelled on the server. A row the database refuses
 //! (a constraint, a data exception) is isolated from the rest of its batch ([`write`]), and
 //! only its request is refused.
 
@@ -186,6 +186,13 @@ impl Ingestor {
         }
     }
 
+    fn metrics(&self) -> &Metrics {
+        match &self.inner {
+            Inner::GroupCommit { metrics, .. } => metrics,
+            Inner::PerRequest(store) => &store.metrics,
+        }
+    }
+
     /// The deadline of a request that arrived at `arrival`: one budget for receiving and
     /// verifying its body, waiting for a writer, for a connection and for the statement,
     /// however they share it.
@@ -197,7 +204,8 @@ impl Ingestor {
     /// `deadline` with [`StoreError::Deadline`].
     pub async fn store(&self, event: NewEvent, deadline: Instant) -> write::Answer {
         if deadline <= Instant::now() {
-            // Its body took the whole budget: no writer or connection is worth taking for it.
+            // Receiving and verifying its body took the whole budget: no writer or connection
+            // is worth taking for it.
             let error = StoreError::Deadline;
             self.metrics().observe_failure(&error);
             return Err(Arc::new(error));
@@ -239,15 +247,6 @@ impl Ingestor {
                     Err(_elapsed) => Err(Arc::new(StoreError::Deadline)),
                 }
             }
-        }
-    }
-}
-
-impl Ingestor {
-    fn metrics(&self) -> &Metrics {
-        match &self.inner {
-            Inner::GroupCommit { metrics, .. } => metrics,
-            Inner::PerRequest(store) => &store.metrics,
         }
     }
 }
