@@ -5,6 +5,7 @@ use actix_web::http::header::{self, HeaderMap};
 use actix_web::HttpResponse;
 use futures_util::future::join_all;
 use inbox_core::inbox::{InsertOutcome, NewEvent};
+use inbox_core::limits::is_storable_text;
 use inbox_signature::{Ack, HandshakeReply};
 use sha2::{Digest, Sha256};
 
@@ -56,38 +57,49 @@ impl Stored {
     }
 }
 
-/// Stores every event of a request and returns once all are committed (or known to exist).
-/// They are handed to the ingest path together, so group commit usually writes them in one
-/// statement; if any fails, the request is answered 503 (422 when the database refused its
-/// row) and the provider's retry stores the rest (those already committed come back as
-/// duplicates).
+/// Stores every event of a request and returns once all are committed (or known to exist),
+/// or at the request's `deadline` (see [`crate::http::Arrival`]), which every one of its
+/// events shares. They are handed to the ingest path together, so group commit usually writes
+/// them in one statement; if any fails, the request is answered 503 (422 when the database
+/// refused its row) and the provider's retry stores the rest (those already committed come
+/// back as duplicates).
 pub async fn store_all(
     state: &AppState,
     provider: &Provider,
     headers: &HeaderMap,
     body: &[u8],
     events: Vec<Identified>,
+    deadline: tokio::time::Instant,
 ) -> Result<Stored, ApiError> {
     let kept = stored_headers(headers, provider);
-    // One deadline for the request, whichever of its events waits longest.
-    let deadline = state.ingestor.deadline_from_now();
-    let rows = events.into_iter().map(|event| {
-        let body = event.body.unwrap_or_else(|| body.to_vec());
-        let ordering = provider.ordering.as_ref().and_then(|ordering| {
-            ordering.of_event(&provider.name, &RequestHeaders(headers), &body)
-        });
-        NewEvent {
-            provider: provider.name.clone(),
-            event_id: event.event_id,
-            event_type: event.event_type,
-            headers: kept.clone(),
-            body_sha256: Sha256::digest(&body).into(),
-            ordering,
-            suppress_replays: provider.suppress_replays,
-            body,
-        }
-    });
-    let results = join_all(rows.map(|row| async {
+    let rows = events
+        .into_iter()
+        .map(|event| {
+            let body = event.body.unwrap_or_else(|| body.to_vec());
+            let ordering = provider.ordering.as_ref().and_then(|ordering| {
+                ordering.of_event(&provider.name, &RequestHeaders(headers), &body)
+            });
+            // Event ids and types are checked when identified; a key may come from any string
+            // of the body.
+            if ordering
+                .as_ref()
+                .is_some_and(|ordering| !is_storable_text(&ordering.key))
+            {
+                return Err(ApiError::InvalidOrderingKey);
+            }
+            Ok(NewEvent {
+                provider: provider.name.clone(),
+                event_id: event.event_id,
+                event_type: event.event_type,
+                headers: kept.clone(),
+                body_sha256: Sha256::digest(&body).into(),
+                ordering,
+                suppress_replays: provider.suppress_replays,
+                body,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let results = join_all(rows.into_iter().map(|row| async {
         let event_id = row.event_id.clone();
         (event_id, state.ingestor.store(row, deadline).await)
     }))

@@ -29,6 +29,10 @@ pub enum ApiError {
     /// The event could not be identified.
     #[error(transparent)]
     Identify(#[from] IdentifyError),
+    /// The event's ordering key holds a character PostgreSQL's text cannot (NUL): refused here
+    /// rather than by the database, which would refuse its row.
+    #[error("ordering key contains a NUL character")]
+    InvalidOrderingKey,
     /// The body is larger than the limit.
     #[error("body exceeds {limit} bytes")]
     BodyTooLarge {
@@ -41,7 +45,8 @@ pub enum ApiError {
     /// The body stream broke.
     #[error("body could not be read")]
     BodyUnreadable,
-    /// The database refused the event's row (a constraint): retrying cannot store it.
+    /// The database refused the event's row (a constraint, a data exception): retrying
+    /// cannot store it.
     #[error("the event cannot be stored")]
     Unstorable(#[source] Arc<StoreError>),
     /// The budget of body bytes in flight cannot take this body now; it was not read.
@@ -110,6 +115,7 @@ impl ApiError {
             Self::Identify(IdentifyError::InvalidEventId(_)) => "invalid_event_id",
             Self::Identify(IdentifyError::Ambiguous(_)) => "ambiguous_body",
             Self::UnreadableHeader(_) => "unreadable_header",
+            Self::InvalidOrderingKey => "invalid_ordering_key",
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::BodyTimeout(_) => "body_timeout",
             Self::BodyUnreadable => "body_unreadable",
@@ -141,6 +147,7 @@ impl ResponseError for ApiError {
             Self::RepeatedHeader(_)
             | Self::UnreadableHeader(_)
             | Self::Identify(_)
+            | Self::InvalidOrderingKey
             | Self::BodyUnreadable => StatusCode::BAD_REQUEST,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,

@@ -103,14 +103,14 @@ async fn receive(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let started = Instant::now();
+    let arrival = Arrival::of(&request);
     let provider = state.providers.get(&provider);
     let label = provider.map_or(UNKNOWN_PROVIDER, |p| p.name.as_str());
     // The body once read, for the record of a refusal (its size and hash).
     let mut body = None;
     let result = match provider {
         Some(provider) => {
-            receive_for(&request, provider, payload, &state, started, &mut body).await
+            receive_for(&request, provider, payload, &state, arrival, &mut body).await
         }
         None => Err(ApiError::UnknownProvider),
     };
@@ -137,7 +137,7 @@ async fn receive_for(
     provider: &Provider,
     payload: web::Payload,
     state: &AppState,
-    started: Instant,
+    arrival: Arrival,
     read: &mut Option<Bytes>,
 ) -> Result<(HttpResponse, &'static str), ApiError> {
     let headers = RequestHeaders(request.headers());
@@ -157,12 +157,13 @@ async fn receive_for(
         return Ok((handshake_answer(reply?), "challenge"));
     }
     let events = identify(&provider.identity, &headers, &body)?;
-    let stored = store_all(state, provider, request.headers(), &body, events).await?;
+    let deadline = state.ingestor.deadline_for(arrival.0);
+    let stored = store_all(state, provider, request.headers(), &body, events, deadline).await?;
     state
         .metrics
         .ingest_duration
         .with_label_values(&[provider.name.as_str()])
-        .observe(started.elapsed().as_secs_f64());
+        .observe(arrival.0.elapsed().as_secs_f64());
     let batch = matches!(provider.identity, Identity::Batch(_));
     Ok((acknowledgement(provider, stored, batch), stored.outcome()))
 }
@@ -383,6 +384,39 @@ fn unix_now() -> i64 {
         .map_or(0, |elapsed| {
             i64::try_from(elapsed.as_secs()).unwrap_or(i64::MAX)
         })
+}
+
+/// When a request reached the app: the start of its one `--db-deadline` budget, out of which
+/// come receiving its body, verifying it, and waiting for a writer, a connection and the
+/// statement. Noted by [`note_arrival`], the outermost middleware, as soon as actix hands the
+/// request over: once its head (request line and headers) has been received and parsed, before
+/// any byte of its body is read. Not counted, since actix shows no earlier instant: the time
+/// its connection waited to be accepted (`--max-connections`), the time its head took to
+/// arrive (bounded by actix's own 5 s), and, on a kept-alive connection, the time it waited
+/// behind the connection's previous request.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival(pub tokio::time::Instant);
+
+impl Arrival {
+    /// The arrival [`note_arrival`] noted, or now for a request served without it.
+    fn of(request: &HttpRequest) -> Self {
+        request
+            .extensions()
+            .get::<Self>()
+            .copied()
+            .unwrap_or_else(|| Self(tokio::time::Instant::now()))
+    }
+}
+
+/// Middleware, to be the outermost: notes the request's [`Arrival`].
+pub fn note_arrival<S, B>(request: ServiceRequest, service: &S) -> S::Future
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error>,
+{
+    request
+        .extensions_mut()
+        .insert(Arrival(tokio::time::Instant::now()));
+    service.call(request)
 }
 
 /// Response header carrying the request id that every log line of the request also carries,

@@ -53,10 +53,11 @@ pub struct ServeArgs {
     /// slow (remote storage) and the database has cores to spare.
     #[arg(long, env = "RECEIVER_COMMIT_WRITERS", default_value_t = DEFAULT_WRITERS, value_parser = clap::value_parser!(u16).range(1..).map(usize::from))]
     pub commit_writers: usize,
-    /// Longest a request waits for its events to be committed, counted once from the moment
-    /// they are verified: waiting for a writer, for a connection and for the statement all
-    /// come out of it. Past it the answer is 503 and the provider retries; a statement every
-    /// one of whose requests gave up is cancelled on the server.
+    /// Longest a request waits for its events to be committed, counted once from its arrival
+    /// (its head received, before its body is read): receiving and verifying its body,
+    /// waiting for a writer, for a connection and for the statement all come out of it. Past
+    /// it the answer is 503 and the provider retries; a statement every one of whose requests
+    /// gave up is cancelled on the server.
     #[arg(long, env = "RECEIVER_DB_DEADLINE", value_parser = humantime::parse_duration, default_value = "3s")]
     pub db_deadline: Duration,
     /// Largest request body accepted; larger ones are answered 413.
@@ -202,6 +203,8 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
             // logger put in the request's span.
             .wrap_fn(http::echo_request_id)
             .wrap(tracing_actix_web::TracingLogger::default())
+            // Registered last, so it runs first: a request's deadline counts from here.
+            .wrap_fn(http::note_arrival)
     })
     .shutdown_timeout(args.shutdown_timeout.as_secs().max(1))
     // A client that closes its side has given up (providers do not half-close): its request

@@ -137,20 +137,7 @@ pub async fn insert_events(
     conn: &mut AsyncPgConnection,
     events: &[NewEvent],
 ) -> QueryResult<Vec<InsertOutcome>> {
-    // Index of the first event with each key; later ones are duplicates of it.
-    let mut first_of_key: HashMap<(&str, &str), usize> = HashMap::with_capacity(events.len());
-    let mut unique: Vec<usize> = Vec::with_capacity(events.len());
-    for (index, event) in events.iter().enumerate() {
-        first_of_key
-            .entry((event.provider.as_str(), event.event_id.as_str()))
-            .or_insert_with(|| {
-                unique.push(index);
-                index
-            });
-    }
-    // In key order, so that concurrent batches sharing keys (a provider's retries racing)
-    // take their unique-index locks in the same order and cannot deadlock.
-    unique.sort_unstable_by_key(|&i| (events[i].provider.as_str(), events[i].event_id.as_str()));
+    let (first_of_key, unique) = first_of_each_key(events);
 
     let mut outcomes: HashMap<(&str, &str), InsertOutcome> = HashMap::with_capacity(unique.len());
     let mut pending = unique;
@@ -193,87 +180,22 @@ async fn insert_pass<'e>(
     indices: &[usize],
     outcomes: &mut HashMap<(&'e str, &'e str), InsertOutcome>,
 ) -> QueryResult<Vec<usize>> {
-    let (providers, event_ids) = key_columns(events, indices);
-    let event_types: Vec<Option<&str>> = indices
-        .iter()
-        .map(|&i| events[i].event_type.as_deref())
-        .collect();
-    let headers: Vec<&serde_json::Value> = indices.iter().map(|&i| &events[i].headers).collect();
-    let bodies: Vec<&[u8]> = indices.iter().map(|&i| events[i].body.as_slice()).collect();
-    let hashes: Vec<&[u8]> = indices
-        .iter()
-        .map(|&i| events[i].body_sha256.as_slice())
-        .collect();
-    let ordering: Vec<Option<&EventOrdering>> = indices
-        .iter()
-        .map(|&i| events[i].ordering.as_ref())
-        .collect();
-    let ordering_keys: Vec<Option<&str>> =
-        ordering.iter().map(|o| o.map(|o| o.key.as_str())).collect();
-    let sequences: Vec<Option<i64>> = ordering.iter().map(|o| o.map(|o| o.sequence)).collect();
-    let holds: Vec<i64> = ordering
-        .iter()
-        .map(|o| o.map_or(0, |o| super::duration_millis(o.hold)))
-        .collect();
-    let replay_keys: Vec<Option<[u8; 32]>> = indices
-        .iter()
-        .map(|&i| {
-            let event = &events[i];
-            event.suppress_replays.then(|| {
-                replay_key(
-                    &event.provider,
-                    event.event_type.as_deref(),
-                    &event.body_sha256,
-                )
-            })
-        })
-        .collect();
-    let replay_key_binds: Vec<Option<&[u8]>> = replay_keys
-        .iter()
-        .map(|key| key.as_ref().map(<[u8; 32]>::as_slice))
-        .collect();
-
+    let columns = InsertColumns::of(events, indices);
     // Prepared once per connection: its plan (function scans feeding the inserts) is the same
     // whatever the arrays' sizes, so the generic plan PostgreSQL settles on is the right one.
-    // The key first: it is what deduplicates across the journal's days (by id, and for
-    // guarded providers by replay key: no conflict target, so either conflict skips the row)
-    // and hands out the id; then, for the keys inserted, the journal row and the queue row
-    // (ready, due now, or after its reorder window; with its ordering key and sequence).
     let inserted: Vec<InsertedKey> = cached_sql(
-        "WITH input AS ( \
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::bytea[], \
-                                  $6::bytea[], $7::text[], $8::bigint[], $9::bigint[], \
-                                  $10::bytea[]) \
-                 AS input(provider, event_id, event_type, headers, body, body_sha256, \
-                          ordering_key, ordering_sequence, hold_ms, replay_key) \
-         ), keyed AS ( \
-             INSERT INTO inbox_dedup (provider, event_id, body_sha256, replay_key) \
-             SELECT provider, event_id, body_sha256, replay_key FROM input \
-             ON CONFLICT DO NOTHING \
-             RETURNING id, provider, event_id \
-         ), journaled AS ( \
-             INSERT INTO inbox_events (id, provider, event_id, event_type, headers, body, body_sha256) \
-             SELECT keyed.id, input.provider, input.event_id, input.event_type, input.headers, \
-                    input.body, input.body_sha256 \
-             FROM keyed JOIN input USING (provider, event_id) \
-         ), queued AS ( \
-             INSERT INTO inbox_queue (id, ordering_key, ordering_sequence, next_attempt_at) \
-             SELECT keyed.id, input.ordering_key, input.ordering_sequence, \
-                    now() + input.hold_ms * interval '1 millisecond' \
-             FROM keyed JOIN input USING (provider, event_id) \
-         ) \
-         SELECT provider, event_id FROM keyed",
+        INSERT_EVENTS,
         (
-            bind::<Array<Text>, _>(&providers),
-            bind::<Array<Text>, _>(&event_ids),
-            bind::<Array<Nullable<Text>>, _>(&event_types),
-            bind::<Array<Jsonb>, _>(&headers),
-            bind::<Array<Bytea>, _>(&bodies),
-            bind::<Array<Bytea>, _>(&hashes),
-            bind::<Array<Nullable<Text>>, _>(&ordering_keys),
-            bind::<Array<Nullable<BigInt>>, _>(&sequences),
-            bind::<Array<BigInt>, _>(&holds),
-            bind::<Array<Nullable<Bytea>>, _>(&replay_key_binds),
+            bind::<Array<Text>, _>(&columns.providers),
+            bind::<Array<Text>, _>(&columns.event_ids),
+            bind::<Array<Nullable<Text>>, _>(&columns.event_types),
+            bind::<Array<Jsonb>, _>(&columns.headers),
+            bind::<Array<Bytea>, _>(&columns.bodies),
+            bind::<Array<Bytea>, _>(&columns.hashes),
+            bind::<Array<Nullable<Text>>, _>(&columns.ordering_keys),
+            bind::<Array<Nullable<BigInt>>, _>(&columns.sequences),
+            bind::<Array<BigInt>, _>(&columns.holds),
+            bind::<Array<Nullable<Bytea>>, _>(&columns.replay_key_binds()),
         ),
     )
     .load(conn)
@@ -324,7 +246,7 @@ async fn insert_pass<'e>(
         } else if let Some(&stored) = stored_hashes.get(&key) {
             let same_body = Some(stored == events[i].body_sha256);
             outcomes.insert(key, InsertOutcome::Duplicate { same_body });
-        } else if let Some(replay_key) = replay_keys[position] {
+        } else if let Some(replay_key) = columns.replay_keys[position] {
             replays.push((i, replay_key));
         } else {
             outcomes.insert(key, InsertOutcome::Duplicate { same_body: None });
@@ -431,6 +353,152 @@ async fn store_suppressed_replays(
     .load(conn)
     .await?;
     Ok(stored)
+}
+
+/// The insert of [`insert_events`]: the key first, since it is what deduplicates across the
+/// journal's days (by id, and for guarded providers by replay key: no conflict target, so
+/// either conflict skips the row) and hands out the id; then, for the keys inserted, the
+/// journal row and the queue row (ready, due now, or after its reorder window; with its
+/// ordering key and sequence, if any).
+const INSERT_EVENTS: &str = "WITH input AS ( \
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::bytea[], \
+                              $6::bytea[], $7::text[], $8::bigint[], $9::bigint[], \
+                              $10::bytea[]) \
+             AS input(provider, event_id, event_type, headers, body, body_sha256, \
+                      ordering_key, ordering_sequence, hold_ms, replay_key) \
+     ), keyed AS ( \
+         INSERT INTO inbox_dedup (provider, event_id, body_sha256, replay_key) \
+         SELECT provider, event_id, body_sha256, replay_key FROM input \
+         ON CONFLICT DO NOTHING \
+         RETURNING id, provider, event_id \
+     ), journaled AS ( \
+         INSERT INTO inbox_events (id, provider, event_id, event_type, headers, body, body_sha256) \
+         SELECT keyed.id, input.provider, input.event_id, input.event_type, input.headers, \
+                input.body, input.body_sha256 \
+         FROM keyed JOIN input USING (provider, event_id) \
+     ), queued AS ( \
+         INSERT INTO inbox_queue (id, ordering_key, ordering_sequence, next_attempt_at) \
+         SELECT keyed.id, input.ordering_key, input.ordering_sequence, \
+                now() + input.hold_ms * interval '1 millisecond' \
+         FROM keyed JOIN input USING (provider, event_id) \
+     ) \
+     SELECT provider, event_id FROM keyed";
+
+/// The index of the first event of each `(provider, event_id)` (later ones are duplicates of
+/// it), and those first events' indices in key order, so that concurrent batches sharing keys
+/// (a provider's retries racing) take their unique-index locks in the same order and cannot
+/// deadlock.
+fn first_of_each_key(events: &[NewEvent]) -> (HashMap<(&str, &str), usize>, Vec<usize>) {
+    let mut first_of_key: HashMap<(&str, &str), usize> = HashMap::with_capacity(events.len());
+    let mut unique: Vec<usize> = Vec::with_capacity(events.len());
+    for (index, event) in events.iter().enumerate() {
+        first_of_key
+            .entry((event.provider.as_str(), event.event_id.as_str()))
+            .or_insert_with(|| {
+                unique.push(index);
+                index
+            });
+    }
+    unique.sort_unstable_by_key(|&i| (events[i].provider.as_str(), events[i].event_id.as_str()));
+    (first_of_key, unique)
+}
+
+/// The parameters of [`INSERT_EVENTS`] for the events at some indices, one array per column.
+struct InsertColumns<'e> {
+    providers: Vec<&'e str>,
+    event_ids: Vec<&'e str>,
+    event_types: Vec<Option<&'e str>>,
+    headers: Vec<&'e serde_json::Value>,
+    bodies: Vec<&'e [u8]>,
+    hashes: Vec<&'e [u8]>,
+    ordering_keys: Vec<Option<&'e str>>,
+    sequences: Vec<Option<i64>>,
+    holds: Vec<i64>,
+    /// Set for the events whose provider suppresses replays (see [`replay_key`]).
+    replay_keys: Vec<Option<[u8; 32]>>,
+}
+
+impl<'e> InsertColumns<'e> {
+    fn of(events: &'e [NewEvent], indices: &[usize]) -> Self {
+        let (providers, event_ids) = key_columns(events, indices);
+        let chosen = || indices.iter().map(|&i| &events[i]);
+        let ordering = || chosen().map(|event| event.ordering.as_ref());
+        Self {
+            providers,
+            event_ids,
+            event_types: chosen().map(|event| event.event_type.as_deref()).collect(),
+            headers: chosen().map(|event| &event.headers).collect(),
+            bodies: chosen().map(|event| event.body.as_slice()).collect(),
+            hashes: chosen().map(|event| event.body_sha256.as_slice()).collect(),
+            ordering_keys: ordering().map(|o| o.map(|o| o.key.as_str())).collect(),
+            sequences: ordering().map(|o| o.map(|o| o.sequence)).collect(),
+            holds: ordering()
+                .map(|o| o.map_or(0, |o| super::duration_millis(o.hold)))
+                .collect(),
+            replay_keys: chosen()
+                .map(|event| {
+                    event.suppress_replays.then(|| {
+                        replay_key(
+                            &event.provider,
+                            event.event_type.as_deref(),
+                            &event.body_sha256,
+                        )
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// The replay keys as the insert binds them.
+    fn replay_key_binds(&self) -> Vec<Option<&[u8]>> {
+        self.replay_keys
+            .iter()
+            .map(|key| key.as_ref().map(<[u8; 32]>::as_slice))
+            .collect()
+    }
+}
+
+/// Runs the insert of [`insert_events`] for `events` on a driver-level client, in a
+/// transaction that is rolled back whatever happens, and returns its error if it fails: the
+/// way to learn the SQLSTATE of a failure that diesel-async reports without it (its error
+/// kinds name a few codes of class 23 and a few others, and a data exception, class 22, comes
+/// back as an unknown kind with only its message, which the server's `lc_messages` may
+/// translate). It locks what the insert locks, until it rolls back; `timeout` bounds it on the
+/// server (`statement_timeout` and `lock_timeout`), so a rehearsal given up by its caller does
+/// not go on waiting there.
+pub async fn rehearse_insert(
+    client: &mut tokio_postgres::Client,
+    events: &[NewEvent],
+    timeout: std::time::Duration,
+) -> Result<(), tokio_postgres::Error> {
+    use tokio_postgres::types::{Json, ToSql};
+    let (_, unique) = first_of_each_key(events);
+    let columns = InsertColumns::of(events, &unique);
+    let headers: Vec<Json<&serde_json::Value>> =
+        columns.headers.iter().copied().map(Json).collect();
+    let transaction = client.transaction().await?;
+    let millis = super::duration_millis(timeout).max(1);
+    transaction
+        .batch_execute(&format!(
+            "SET LOCAL statement_timeout = {millis}; SET LOCAL lock_timeout = {millis}"
+        ))
+        .await?;
+    let replay_keys = columns.replay_key_binds();
+    let parameters: [&(dyn ToSql + Sync); 10] = [
+        &columns.providers,
+        &columns.event_ids,
+        &columns.event_types,
+        &headers,
+        &columns.bodies,
+        &columns.hashes,
+        &columns.ordering_keys,
+        &columns.sequences,
+        &columns.holds,
+        &replay_keys,
+    ];
+    // The driver's own `execute`, not diesel's, which would return the error without its code.
+    tokio_postgres::Transaction::execute(&transaction, INSERT_EVENTS, &parameters).await?;
+    transaction.rollback().await
 }
 
 /// The `provider` and `event_id` columns of the events at `indices`, to bind as arrays.

@@ -9,7 +9,8 @@ pub mod lease;
 pub mod pause;
 
 pub use ingest::{
-    insert_events, notify_new_events, ordering_key, EventOrdering, InsertOutcome, NewEvent,
+    insert_events, notify_new_events, ordering_key, rehearse_insert, EventOrdering, InsertOutcome,
+    NewEvent,
 };
 pub use lease::{
     claim_due, complete, complete_all, complete_all_keyed, dead_letter, extend_lease,

@@ -8,14 +8,15 @@
 //!   baseline group commit is measured against.
 //!
 //! Either way a request's answer waits for its own row's commit, within one deadline per
-//! request (`--db-deadline`, counted once from the moment its verified events are handed
-//! over): waiting for a writer, for a connection and for the statement all come out of it.
-//! Past it the caller answers 503 and the provider retries (the retry is then harmless,
-//! answered "duplicate" if the first write did land). A batch is written until the last of
-//! its requests' deadlines; once every one of its requests has given up (deadline passed or
-//! client gone) its statement is cancelled on the server. A row the database refuses
-//! (a constraint) is isolated from the rest of its batch ([`write`]), and only its request
-//! is refused.
+//! request (`--db-deadline`, counted once from the request's arrival, see
+//! [`crate::http::Arrival`]): what receiving and verifying its body left of it is what
+//! waiting for a writer, for a connection and for the statement share. Past it the caller
+//! answers 503 and the provider retries (the retry is then harmless, answered "duplicate" if
+//! the first write did land). A batch is written until the last of its requests' deadlines;
+//! once every one of its requests has given up (deadline passed or client gone) its
+//! statement is cancelled on the server. A row the database refuses
+//! (a constraint, a data exception) is isolated from the rest of its batch ([`write`]), and
+//! only its request is refused.
 
 mod write;
 
@@ -55,9 +56,10 @@ pub enum IngestMode {
 /// nothing was acked, and the provider's retry may well succeed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database refused this event's row (a constraint, SQLSTATE class 23): no retry can
-    /// store it, so it is refused (422). The other events of its batch were written.
-    #[error("the event breaks a constraint of the inbox")]
+    /// The database refused this event's row: a constraint (SQLSTATE class 23) or a value
+    /// its column's type cannot hold (class 22, a data exception). No retry can store it, so
+    /// it is refused (422). The other events of its batch were written.
+    #[error("the database refuses the event's row")]
     InvalidRow(#[source] diesel::result::Error),
     /// No database connection within the deadline (database down, or pool exhausted).
     #[error("no database connection available")]
@@ -131,7 +133,7 @@ impl std::fmt::Debug for Ingestor {
 pub struct IngestSettings {
     /// Group commit or one transaction per request.
     pub mode: IngestMode,
-    /// A request's whole budget for storing its events (`--db-deadline`).
+    /// A request's whole budget, from its arrival to its events' commit (`--db-deadline`).
     pub deadline: Duration,
     /// Most events per group-commit statement.
     pub max_batch: usize,
@@ -184,15 +186,30 @@ impl Ingestor {
         }
     }
 
-    /// The deadline of a request whose events are handed over now: one budget for waiting
-    /// for a writer, for a connection and for the statement, however they share it.
-    pub fn deadline_from_now(&self) -> Instant {
-        Instant::now() + self.deadline
+    fn metrics(&self) -> &Metrics {
+        match &self.inner {
+            Inner::GroupCommit { metrics, .. } => metrics,
+            Inner::PerRequest(store) => &store.metrics,
+        }
+    }
+
+    /// The deadline of a request that arrived at `arrival`: one budget for receiving and
+    /// verifying its body, waiting for a writer, for a connection and for the statement,
+    /// however they share it.
+    pub fn deadline_for(&self, arrival: Instant) -> Instant {
+        arrival + self.deadline
     }
 
     /// Stores one event and returns once its row is committed (or known to exist), or at
     /// `deadline` with [`StoreError::Deadline`].
     pub async fn store(&self, event: NewEvent, deadline: Instant) -> write::Answer {
+        if deadline <= Instant::now() {
+            // Receiving and verifying its body took the whole budget: no writer or connection
+            // is worth taking for it.
+            let error = StoreError::Deadline;
+            self.metrics().observe_failure(&error);
+            return Err(Arc::new(error));
+        }
         match &self.inner {
             Inner::PerRequest(store) => {
                 // Were the request dropped (its client gone), this future would be too.

@@ -14,6 +14,7 @@ use inbox_core::db::PgPool;
 use inbox_core::inbox::{self, InsertOutcome, NewEvent};
 use inbox_core::pg_connect::ConnectionSettings;
 use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
 
 use super::StoreError;
 use crate::metrics::Metrics;
@@ -38,8 +39,9 @@ enum Failure {
     /// never be stored as it is.
     RowRefused,
     /// An error diesel-async reports without its SQLSTATE: class 22 (data exception) among
-    /// others, some of them passing (disk full). Worth isolating, but a row failing alone
-    /// this way is answered 503, never refused for good.
+    /// others, some of them passing (disk full). Worth isolating; a row failing alone this way
+    /// is refused only if a rehearsal of its insert names class 22 or 23 (see
+    /// [`Store::rehearsal_refuses`]), else answered 503.
     Unclassified,
     /// Nothing to do with the rows (connection lost, read-only server): every row fails.
     NotTheRows,
@@ -134,9 +136,17 @@ impl Store {
                         continue;
                     } else {
                         // The row alone: refused for good, or for now.
-                        let alone = match failure {
-                            Failure::RowRefused => StoreError::InvalidRow(error),
-                            _ => StoreError::Database(error),
+                        let refused = match failure {
+                            Failure::RowRefused => true,
+                            _ => {
+                                let event = &events[group.start];
+                                self.rehearsal_refuses(event, deadline, &mut gave_up).await
+                            }
+                        };
+                        let alone = if refused {
+                            StoreError::InvalidRow(error)
+                        } else {
+                            StoreError::Database(error)
                         };
                         metrics.observe_failure(&alone);
                         answers[group.start] = Some(Err(Arc::new(alone)));
@@ -148,6 +158,48 @@ impl Store {
             break;
         }
         finish(answers, &self.notifier)
+    }
+
+    /// Whether the database refuses `event`'s row for good, by the SQLSTATE its insert fails
+    /// with when rehearsed alone on a connection of its own (rolled back whatever happens):
+    /// class 22 (data exception) or 23 (integrity constraint violation). A rehearsal that
+    /// cannot say so before `deadline` or before `gave_up`, or that succeeds (the failure
+    /// passed), or that fails otherwise (the disk still full), leaves the row to be retried.
+    /// Only rows that failed alone with an error diesel-async reports without its SQLSTATE
+    /// are rehearsed, so it costs a connection per such row, never one per batch.
+    async fn rehearsal_refuses(
+        &self,
+        event: &NewEvent,
+        deadline: Instant,
+        gave_up: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> bool {
+        let Some(connection) = &self.connection else {
+            return false;
+        };
+        let rehearsal = async {
+            let (mut client, driver) = connection.connect_client().await.ok()?;
+            // Ends once the client is dropped.
+            tokio::spawn(driver);
+            let timeout = deadline.saturating_duration_since(Instant::now());
+            let failed = inbox::rehearse_insert(&mut client, std::slice::from_ref(event), timeout)
+                .await
+                .err()?;
+            failed.code().cloned()
+        };
+        let code = tokio::select! {
+            code = tokio::time::timeout_at(deadline, rehearsal) => code.ok().flatten(),
+            () = gave_up.as_mut() => None,
+        };
+        match code {
+            Some(code) => {
+                tracing::debug!(
+                    sqlstate = code.code(),
+                    "rehearsed the insert of a failed row"
+                );
+                refuses_the_row(&code)
+            }
+            None => false,
+        }
     }
 
     /// Nobody waits for the statement in flight any more: it is cancelled on the server, and
@@ -172,6 +224,14 @@ impl Store {
             let _ = tokio::time::timeout(QUARANTINE, drained).await;
         });
     }
+}
+
+/// Whether a statement failing with `code` can never store its row as it is: a data exception
+/// (class 22: a value the column's type cannot hold) or an integrity constraint violation
+/// (class 23).
+fn refuses_the_row(code: &SqlState) -> bool {
+    let class = code.code().get(..2);
+    matches!(class, Some("22" | "23"))
 }
 
 /// Answers every event not answered yet with `error`.
@@ -234,5 +294,17 @@ mod tests {
             Failure::NotTheRows
         );
         assert_eq!(classify(&DieselError::NotFound), Failure::NotTheRows);
+    }
+
+    #[test]
+    fn data_exceptions_and_constraint_violations_refuse_a_row_and_passing_errors_do_not() {
+        assert!(refuses_the_row(&SqlState::CHARACTER_NOT_IN_REPERTOIRE));
+        assert!(refuses_the_row(&SqlState::UNTRANSLATABLE_CHARACTER));
+        assert!(refuses_the_row(&SqlState::INVALID_TEXT_REPRESENTATION));
+        assert!(refuses_the_row(&SqlState::CHECK_VIOLATION));
+        assert!(!refuses_the_row(&SqlState::DISK_FULL));
+        assert!(!refuses_the_row(&SqlState::QUERY_CANCELED));
+        assert!(!refuses_the_row(&SqlState::T_R_DEADLOCK_DETECTED));
+        assert!(!refuses_the_row(&SqlState::READ_ONLY_SQL_TRANSACTION));
     }
 }
