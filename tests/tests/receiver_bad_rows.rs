@@ -347,3 +347,35 @@ async fn a_nul_in_an_ordering_key_refuses_only_its_event_and_its_batch_is_stored
     assert_eq!(stored.len(), 7, "every good event stored: {stored:?}");
     assert!(!stored.iter().any(|id| id == "evt-nul"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_missing_from_the_journal_is_answered_503_not_refused_for_good() {
+    let db = TestDatabase::new().await;
+    let receiver = TestReceiver::demo(&db).await;
+    let mut conn = db.connect().await;
+    // Today's partition gone (as if no binary had created it): the row has nowhere to go,
+    // which PostgreSQL reports as a check violation naming no constraint.
+    conn.batch_execute(
+        "DO $$ BEGIN EXECUTE format('DROP TABLE inbox_events_%s', \
+         to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')); END $$",
+    )
+    .await
+    .unwrap();
+    let body = r#"{"id":"evt-no-day","type":"t"}"#;
+    let (status, answer) = receiver.post_demo(body, DEMO_SECRET).await;
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(
+        receiver.metric(INVALID_ROWS).await,
+        0.0,
+        "not refused as a bad row"
+    );
+    conn.batch_execute("SELECT inbox_create_journal_day((now() AT TIME ZONE 'UTC')::date)")
+        .await
+        .unwrap();
+    let (status, answer) = receiver.post_demo(body, DEMO_SECRET).await;
+    assert_eq!(
+        (status, answer),
+        (200, json!({"status": "accepted"})),
+        "the provider's retry is stored"
+    );
+}

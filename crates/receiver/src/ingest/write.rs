@@ -50,6 +50,14 @@ enum Failure {
 fn classify(error: &DieselError) -> Failure {
     use DatabaseErrorKind as Kind;
     match error {
+        // A row no partition of the journal takes (its day was never created) comes back as a
+        // check violation naming no constraint: the database's state, not the row's, and
+        // passing once the day exists. A CHECK constraint's violation always names it.
+        DieselError::DatabaseError(Kind::CheckViolation, info)
+            if info.constraint_name().is_none() =>
+        {
+            Failure::NotTheRows
+        }
         DieselError::DatabaseError(
             Kind::UniqueViolation
             | Kind::ForeignKeyViolation
@@ -271,11 +279,47 @@ mod tests {
         DieselError::DatabaseError(kind, Box::new("refused".to_owned()))
     }
 
+    /// What PostgreSQL reports of a CHECK constraint's violation: the constraint's name.
+    #[derive(Debug)]
+    struct NamedConstraint;
+
+    impl diesel::result::DatabaseErrorInformation for NamedConstraint {
+        fn message(&self) -> &str {
+            "new row violates check constraint"
+        }
+        fn details(&self) -> Option<&str> {
+            None
+        }
+        fn hint(&self) -> Option<&str> {
+            None
+        }
+        fn table_name(&self) -> Option<&str> {
+            Some("inbox_dedup")
+        }
+        fn column_name(&self) -> Option<&str> {
+            None
+        }
+        fn constraint_name(&self) -> Option<&str> {
+            Some("inbox_dedup_event_id_length")
+        }
+        fn statement_position(&self) -> Option<i32> {
+            None
+        }
+    }
+
     #[test]
     fn constraint_violations_refuse_a_row_and_lost_connections_every_row() {
         assert_eq!(
-            classify(&database_error(DatabaseErrorKind::CheckViolation)),
+            classify(&DieselError::DatabaseError(
+                DatabaseErrorKind::CheckViolation,
+                Box::new(NamedConstraint)
+            )),
             Failure::RowRefused
+        );
+        assert_eq!(
+            classify(&database_error(DatabaseErrorKind::CheckViolation)),
+            Failure::NotTheRows,
+            "no partition for the row: no constraint named"
         );
         assert_eq!(
             classify(&database_error(DatabaseErrorKind::NotNullViolation)),
