@@ -28,6 +28,8 @@ drain = {r["handler"]: r for r in of("drain")}
 e2e = (of("end_to_end") or [{"result": {}}])[0]["result"]
 memory = of("memory")
 by_scheme = {r["scheme"]: r for r in of("ingest_by_scheme")}
+ordering_drains = {r["label"]: r["result"] for r in of("drain_ordering")}
+ordering_ingest = of("ingest_ordering")
 
 
 def verdict(ok, text):
@@ -96,6 +98,21 @@ if by_scheme:
     ed_rate = by_scheme.get("standard-webhooks", {"result": {"per_second": 0}})["result"]["per_second"]
     w(f"| ingest with Ed25519 (Standard Webhooks v1a) beside HMAC-SHA256, group commit, 128 connections, same receiver | "
       f"{ed_rate:,.0f}/s vs {hmac_rate:,.0f}/s = {ed_rate / hmac_rate if hmac_rate else 0:.2f}x | reported (no target) |")
+if ordering_drains:
+    unordered = ordering_drains.get("unordered", {}).get("per_second", 0)
+    keyed = ordering_drains.get("keys-10000", {}).get("per_second", 0)
+    hot = ordering_drains.get("one-hot-key", {}).get("per_second", 0)
+    w(f"| ordered drain over 10,000 keys >= 0.7x the same drain unordered | {keyed:,.0f}/s vs {unordered:,.0f}/s = {ratio(keyed, unordered):.2f}x | "
+      + verdict(unordered and keyed >= 0.7 * unordered, f"{ratio(keyed, unordered):.2f}x") + " |")
+    w(f"| one hot key >= 1,000 events/s, one at a time | {hot:,.0f}/s | " + verdict(hot >= 1000, f"{hot:,.0f}/s") + " |")
+if ordering_ingest:
+    def mean_rate(provider):
+        rates = [r["result"]["per_second"] for r in ordering_ingest if r["provider"] == provider]
+        return sum(rates) / len(rates) if rates else 0
+    plain, keyed_ingest = mean_rate("demo"), mean_rate("bench-ordered")
+    w(f"| ingest with an ordering key within 5 % of ingest without (128 connections, alternating runs, mean of 2 each) | "
+      f"{keyed_ingest:,.0f}/s vs {plain:,.0f}/s = {ratio(keyed_ingest, plain):.2f}x | "
+      + verdict(plain and keyed_ingest >= 0.95 * plain, f"{ratio(keyed_ingest, plain):.2f}x") + " |")
 w(f"| end to end at 1,000/s: p50 < 5 ms, p99 < 50 ms | p50 {e2e.get('p50_ms', 0):.2f} ms, p99 {e2e.get('p99_ms', 0):.2f} ms | "
   + verdict(e2e.get("p50_ms", 1e9) < 5 and e2e.get("p99_ms", 1e9) < 50,
             f"p50 {e2e.get('p50_ms', 0):.2f} ms, p99 {e2e.get('p99_ms', 0):.2f} ms") + " |")
@@ -137,6 +154,25 @@ for label, r in drain.items():
     res = r["result"]
     w(f"| {label} | {res['events']:,} | {res['seconds']:.2f} | {res['per_second']:,.0f} | {r['worker_cpu_seconds']:.1f} |")
 w("")
+if ordering_drains:
+    w("## Ordered processing")
+    w("")
+    w("The same prefilled backlog drained with ordering off, with its events spread over 10,000 keys, "
+      "and all on one key (`bench/ordering/run`, the bench's worker flags). Ingest with an ordering key: "
+      "the demo provider, and the same provider ordering its events per object of 10,000 (`bench-ordered`).")
+    w("")
+    w("| drain | events | seconds | events/s |")
+    w("|---|---|---|---|")
+    for label, res in ordering_drains.items():
+        w(f"| {label} | {res['events']:,} | {res['seconds']:.2f} | {res['per_second']:,.0f} |")
+    w("")
+    if ordering_ingest:
+        w("| ingest | round | accepted/s | p99 ms |")
+        w("|---|---|---|---|")
+        for r in ordering_ingest:
+            res = r["result"]
+            w(f"| {r['provider']} | {r['round']} | {res['per_second']:,.0f} | {res['p99_ms']:.2f} |")
+        w("")
 w("## End to end at 1,000 webhooks/s")
 w("")
 w(f"From the receiver's 2xx (as the client saw it) to the handler's commit (`processed_at`): "

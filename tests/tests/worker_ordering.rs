@@ -592,3 +592,24 @@ async fn a_busy_keys_next_event_is_handed_on_by_the_transaction_that_completes_t
         1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_no_route_takes_hand_their_key_on_as_well() {
+    const EVENTS: i64 = 100;
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let events: Vec<NewEvent> = (1..=EVENTS)
+        .map(|sequence| ordered_event("unrouted", sequence, Duration::ZERO))
+        .collect();
+    insert_events(&mut conn, &events).await.unwrap();
+    let worker = RunningWorker::start(&db, Router::new(), worker_settings("w-unrouted"));
+    wait_for_count(
+        &mut conn,
+        "the key is drained",
+        "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
+        EVENTS,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(worker.stop().await.handed_on.get(), EVENTS as u64 - 1);
+}

@@ -266,7 +266,7 @@ impl Signer {
             key,
             path: format!("/webhooks/{}", target.provider),
             host: target.addr.clone(),
-            padding: "x".repeat(target.body_bytes.saturating_sub(96)),
+            padding: "x".repeat(target.body_bytes.saturating_sub(112)),
             run_id: target.run_id.clone(),
             next: AtomicU64::new(0),
         })
@@ -275,8 +275,10 @@ impl Signer {
     fn request(&self) -> (String, hyper::Request<Full<Bytes>>) {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let event_id = format!("{}-{n}", self.run_id);
+        // An object among 10,000, for providers that order events per object.
         let body = format!(
-            r#"{{"id":"{event_id}","type":"bench.event","data":{{"padding":"{}"}}}}"#,
+            r#"{{"id":"{event_id}","type":"bench.event","data":{{"object":"o{:04}","padding":"{}"}}}}"#,
+            n % 10_000,
             self.padding
         );
         let now = std::time::SystemTime::now()

@@ -71,7 +71,8 @@ impl Worker {
     }
 
     /// Completes events that no handler takes, as ignored: one statement, no transaction
-    /// around it, since there is no effect to commit with it.
+    /// around it, since there is no effect to commit with it; with their keys' next events
+    /// handed on in the same transaction when some are ordered.
     pub(super) async fn complete_unrouted(
         &self,
         events: &[Event],
@@ -79,15 +80,39 @@ impl Worker {
     ) -> Result<Committed, AttemptError> {
         let mut conn = self.connection().await?;
         let ids: Vec<i64> = events.iter().map(|event| event.id).collect();
-        let ordered = events.iter().any(|event| event.ordering_key.is_some());
-        complete(&mut conn, &ids, token, ordered).await?;
+        let keys: Vec<&str> = events
+            .iter()
+            .filter_map(|event| event.ordering_key.as_deref())
+            .collect();
+        let handed_on = if keys.is_empty() {
+            complete(&mut conn, &ids, token, false).await?;
+            Vec::new()
+        } else {
+            conn.transaction::<_, AttemptError, _>(async |tx| {
+                complete(tx, &ids, token, true).await?;
+                Ok(self.hand_on(tx, &keys, token).await?)
+            })
+            .await?
+        };
         Ok(Committed {
             outcomes: events
                 .iter()
                 .map(|_| Outcome::Done(Handled::Ignored))
                 .collect(),
-            handed_on: Vec::new(),
+            handed_on,
         })
+    }
+
+    /// The next events of `keys`, whose events this transaction completed, claimed under
+    /// `token` ([`inbox::hand_on_keys`]).
+    async fn hand_on(
+        &self,
+        tx: &mut AsyncPgConnection,
+        keys: &[&str],
+        token: Uuid,
+    ) -> diesel::QueryResult<Vec<ClaimedEvent>> {
+        let (name, lease) = (&self.settings.name, self.settings.lease);
+        inbox::hand_on_keys(tx, keys, name, token, lease).await
     }
 
     /// One transaction running the handlers of `batch` and completing the ones that
@@ -138,12 +163,7 @@ impl Worker {
                     }
                 }
                 complete(tx, &completed, token, !keys.is_empty()).await?;
-                let handed_on = if keys.is_empty() {
-                    Vec::new()
-                } else {
-                    let (name, lease) = (&self.settings.name, self.settings.lease);
-                    inbox::hand_on_keys(tx, &keys, name, token, lease).await?
-                };
+                let handed_on = self.hand_on(tx, &keys, token).await?;
                 Ok(Committed {
                     outcomes,
                     handed_on,
