@@ -23,8 +23,10 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_MAX_BODY_BYTES_IN_FLIGHT: usize = 64 * 1024 * 1024;
 /// Default connection limit, over every HTTP worker.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
-/// Default largest group-commit statement in body bytes.
-pub const DEFAULT_MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+/// Default largest group-commit statement in body bytes: 2 MiB. Each pooled database
+/// connection keeps buffers as large as the largest statement it has sent, for as long as it
+/// lives: at 8 MiB, a burst of large bodies left about 100 MiB held by the pool.
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
 /// Default request head limit: 16 KiB, several times what any provider's headers take.
 pub const DEFAULT_MAX_HEAD_BYTES: usize = 16 * 1024;
 
