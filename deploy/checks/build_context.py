@@ -90,7 +90,8 @@ def context_files(root: Path) -> dict[str, int]:
 
 def needed_files(root: Path) -> list[str]:
     """The files without which `docker build -f deploy/docker/Dockerfile .` fails."""
-    needed = ["Cargo.toml", "Cargo.lock"]
+    # .cargo/config.toml sets how the receiver's allocator is built.
+    needed = ["Cargo.toml", "Cargo.lock", ".cargo/config.toml"]
     workspace = tomllib.loads((root / "Cargo.toml").read_text())["workspace"]
     for member in workspace.get("members", []):
         for folder in sorted(root.glob(member)):

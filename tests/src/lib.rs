@@ -267,6 +267,7 @@ pub fn serve_args_for_database(
         max_body_bytes_in_flight: receiver::server::DEFAULT_MAX_BODY_BYTES_IN_FLIGHT,
         max_connections: receiver::server::DEFAULT_MAX_CONNECTIONS,
         max_batch_bytes: receiver::server::DEFAULT_MAX_BATCH_BYTES,
+        head_timeout: Duration::from_secs(5),
         body_timeout: Duration::from_secs(2),
         retry_after_secs: 1,
         shutdown_timeout: Duration::from_secs(5),

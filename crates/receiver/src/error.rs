@@ -55,6 +55,25 @@ pub enum ApiError {
         /// Seconds for the Retry-After header.
         retry_after_secs: u64,
     },
+    /// The request head could not be parsed: its request line, a header, a missing `Host`.
+    #[error("malformed request head: {0}")]
+    MalformedHead(String),
+    /// The request head is larger than the limit.
+    #[error("request head exceeds {limit} bytes")]
+    HeadTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// The request head is more than the HTTP layer parses: see [`crate::head_guard`].
+    #[error(
+        "request head exceeds {} bytes or {} headers",
+        crate::head_guard::HTTP_LAYER_MAX_HEAD_BYTES,
+        crate::head_guard::HTTP_LAYER_MAX_HEADERS
+    )]
+    HeadTooLargeToParse,
+    /// The connection's first request head did not arrive in time.
+    #[error("request head not received within {0:?}")]
+    HeadTimeout(std::time::Duration),
     /// The event could not be stored: nothing was acked, the provider should retry.
     #[error("temporarily unable to store the event")]
     Unavailable {
@@ -122,6 +141,9 @@ impl ApiError {
             Self::Unstorable(_) => "unstorable_event",
             Self::Busy { .. } => "busy",
             Self::Unavailable { .. } => "unavailable",
+            Self::MalformedHead(_) => "malformed_request",
+            Self::HeadTooLarge { .. } | Self::HeadTooLargeToParse => "headers_too_large",
+            Self::HeadTimeout(_) => "head_timeout",
         }
     }
 
@@ -148,7 +170,12 @@ impl ResponseError for ApiError {
             | Self::UnreadableHeader(_)
             | Self::Identify(_)
             | Self::InvalidOrderingKey
-            | Self::BodyUnreadable => StatusCode::BAD_REQUEST,
+            | Self::BodyUnreadable
+            | Self::MalformedHead(_) => StatusCode::BAD_REQUEST,
+            Self::HeadTooLarge { .. } | Self::HeadTooLargeToParse => {
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+            }
+            Self::HeadTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Unstorable(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -169,8 +196,14 @@ impl ResponseError for ApiError {
                 // The body was never read.
                 response.insert_header((header::CONNECTION, "close"));
             }
-            Self::BodyTooLarge { .. } | Self::BodyTimeout(_) | Self::BodyUnreadable => {
-                // The unread rest of the body makes the connection unusable.
+            Self::BodyTooLarge { .. }
+            | Self::BodyTimeout(_)
+            | Self::BodyUnreadable
+            | Self::MalformedHead(_)
+            | Self::HeadTooLarge { .. }
+            | Self::HeadTooLargeToParse
+            | Self::HeadTimeout(_) => {
+                // The unread rest of the body (or of the head) makes the connection unusable.
                 response.insert_header((header::CONNECTION, "close"));
             }
             _ => {}

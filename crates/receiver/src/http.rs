@@ -3,7 +3,8 @@
 //!
 //! A webhook is checked completely — size, arrival time, signature, identity — before any
 //! database connection is taken, so hostile or slow clients cannot tie up the pool. Every
-//! answer carries `X-Request-Id`, the id every log line of its request carries too.
+//! answer carries `X-Request-Id`, the id every log line of its request carries too (heads the
+//! HTTP layer would refuse on its own are answered here as well: see [`crate::head_guard`]).
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -448,8 +449,8 @@ where
 }
 
 /// Middleware: a request whose head (request line and headers) exceeds `max_head_bytes` is
-/// answered 431 before any handler runs; actix's own limit (128 KiB) is far above what any
-/// provider sends.
+/// answered 431 before any handler runs; the HTTP layer's own limit (128 KiB, see
+/// [`crate::head_guard`]) is far above what any provider sends.
 pub fn limit_head<S>(
     request: ServiceRequest,
     service: &S,
@@ -466,14 +467,9 @@ where
     let size = head_bytes(request.request());
     match limit {
         Some(limit) if size > limit => {
-            let answer =
-                HttpResponse::build(actix_web::http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
-                    .insert_header((header::CONNECTION, "close"))
-                    .json(serde_json::json!({
-                        "code": "headers_too_large",
-                        "detail": format!("request head exceeds {limit} bytes"),
-                    }));
             tracing::warn!(size, limit, "request head too large");
+            let answer =
+                actix_web::ResponseError::error_response(&ApiError::HeadTooLarge { limit });
             futures_util::future::Either::Right(std::future::ready(Ok(
                 request.into_response(answer)
             )))

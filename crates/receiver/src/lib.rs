@@ -11,6 +11,7 @@
 pub mod accept;
 pub mod budget;
 pub mod error;
+pub mod head_guard;
 pub mod http;
 pub mod identify;
 pub mod ingest;

@@ -4,13 +4,18 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use actix_web::dev::ServerHandle;
+use actix_http::error::DispatchError;
+use actix_http::{Extensions, HttpService};
+use actix_service::{fn_service, map_config, ServiceFactoryExt as _};
+use actix_web::dev::{AppConfig, ServerHandle};
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 use clap::builder::TypedValueParser as _;
 use inbox_core::db::DatabaseArgs;
+use tokio::net::TcpStream;
 
 use crate::budget::BodyBudget;
+use crate::head_guard::{self, ConnectionGuard, GuardedConnection};
 use crate::http::{self, AppState, Limits};
 use crate::ingest::{IngestMode, IngestSettings, Ingestor, DEFAULT_MAX_BATCH, DEFAULT_WRITERS};
 use crate::metrics::Metrics;
@@ -23,10 +28,14 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_MAX_BODY_BYTES_IN_FLIGHT: usize = 64 * 1024 * 1024;
 /// Default connection limit, over every HTTP worker.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
-/// Default largest group-commit statement in body bytes.
-pub const DEFAULT_MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+/// Default largest group-commit statement in body bytes: 2 MiB. Each pooled database
+/// connection keeps buffers as large as the largest statement it has sent, for as long as it
+/// lives: at 8 MiB, a burst of large bodies left about 100 MiB held by the pool.
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
 /// Default request head limit: 16 KiB, several times what any provider's headers take.
 pub const DEFAULT_MAX_HEAD_BYTES: usize = 16 * 1024;
+/// How long a connection being closed may take to acknowledge it, as `HttpServer` allows.
+const CLIENT_DISCONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Flags of `receiver serve`.
 #[derive(Debug, Clone, clap::Args)]
@@ -78,6 +87,10 @@ pub struct ServeArgs {
     /// Largest request head (request line and headers) accepted; larger ones are answered 431.
     #[arg(long, env = "RECEIVER_MAX_HEAD_BYTES", default_value_t = DEFAULT_MAX_HEAD_BYTES)]
     pub max_head_bytes: usize,
+    /// Time allowed for a connection's first request head (request line and headers) to
+    /// arrive; a slower one is answered 408. 0 allows any time.
+    #[arg(long, env = "RECEIVER_HEAD_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
+    pub head_timeout: Duration,
     /// Time allowed for a whole request body to arrive; slower clients are answered 408.
     #[arg(long, env = "RECEIVER_BODY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
     pub body_timeout: Duration,
@@ -194,31 +207,7 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
         .with_context(|| format!("cannot listen on {}", args.metrics_listen))?;
     let metrics_addr = metrics_listener.local_addr()?;
 
-    let mut server = HttpServer::new(move || {
-        App::new()
-            .app_data(state.clone())
-            .configure(http::configure)
-            .wrap_fn(http::limit_head)
-            // Registered before the logger, so it runs inside it and finds the request id the
-            // logger put in the request's span.
-            .wrap_fn(http::echo_request_id)
-            .wrap(tracing_actix_web::TracingLogger::default())
-            // Registered last, so it runs first: a request's deadline counts from here.
-            .wrap_fn(http::note_arrival)
-    })
-    .shutdown_timeout(args.shutdown_timeout.as_secs().max(1))
-    // A client that closes its side has given up (providers do not half-close): its request
-    // is dropped, so a batch whose clients all left has its statement cancelled.
-    .h1_allow_half_closed(false)
-    .listen(listener)?;
-    let workers = args.http_workers.map_or_else(
-        || std::thread::available_parallelism().map_or(1, usize::from),
-        |workers| workers.max(1),
-    );
-    server = server
-        .workers(workers)
-        .max_connections(args.max_connections.div_ceil(workers).max(1));
-    let server = server.run();
+    let server = webhook_server(listener, addr, state, args)?;
     let handle = server.handle();
 
     let metrics_data = web::Data::new(metrics);
@@ -243,6 +232,73 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
         server: tokio::spawn(server),
         metrics_server: tokio::spawn(metrics_server),
     })
+}
+
+/// The webhook server: the app, served by actix-http over connections read through a
+/// [`ConnectionGuard`] (rather than by `HttpServer`, which offers no way to wrap them).
+fn webhook_server(
+    listener: TcpListener,
+    addr: SocketAddr,
+    state: web::Data<AppState>,
+    args: &ServeArgs,
+) -> std::io::Result<actix_server::Server> {
+    let workers = args.http_workers.map_or_else(
+        || std::thread::available_parallelism().map_or(1, usize::from),
+        |workers| workers.max(1),
+    );
+    let head_timeout = args.head_timeout;
+    let mut builder = actix_server::Server::build();
+    let shutting_down = builder.graceful_shutdown_signal();
+    builder = builder
+        .workers(workers)
+        .max_concurrent_connections(args.max_connections.div_ceil(workers).max(1))
+        .shutdown_timeout(args.shutdown_timeout.as_secs().max(1));
+    Ok(builder
+        .listen("webhooks", listener, move || {
+            let app = App::new()
+                .app_data(state.clone())
+                .configure(http::configure)
+                .wrap_fn(http::limit_head)
+                .wrap_fn(head_guard::answer_refused_head)
+                // Registered before the logger, so it runs inside it and finds the request id
+                // the logger put in the request's span.
+                .wrap_fn(http::echo_request_id)
+                .wrap(tracing_actix_web::TracingLogger::default())
+                // Registered last, so it runs first: a request's deadline counts from here.
+                .wrap_fn(http::note_arrival);
+            let shutting_down = shutting_down.clone();
+            let http = HttpService::build()
+                // Kept-alive connections close once the server begins to stop.
+                .graceful_shutdown_signal(move || {
+                    let shutting_down = shutting_down.clone();
+                    async move { shutting_down.notified().await }
+                })
+                // The guarded connection times the first head itself, to answer it with an id.
+                .client_request_timeout(Duration::ZERO)
+                .client_disconnect_timeout(CLIENT_DISCONNECT_TIMEOUT)
+                // A client that closes its side has given up (providers do not half-close): its
+                // request is dropped, so a batch whose clients all left has its statement
+                // cancelled.
+                .h1_allow_half_closed(false)
+                .local_addr(addr)
+                .on_connect_ext(
+                    |connection: &GuardedConnection<TcpStream>, data: &mut Extensions| {
+                        data.insert(connection.refused_head());
+                    },
+                )
+                // `AppConfig`'s own constructor is private: the default differs from
+                // `HttpServer`'s in the host and local address it assumes, which only an
+                // HTTP/1.0 request without `Host` would see (HTTP/1.1 requires one).
+                .h1(map_config(app, |()| AppConfig::default()));
+            let guard = ConnectionGuard::new(head_timeout);
+            fn_service(move |stream: TcpStream| {
+                let peer = stream.peer_addr().ok();
+                let guarded = guard.guard(stream);
+                std::future::ready(Ok::<_, DispatchError>((guarded, peer)))
+            })
+            .and_then(http)
+        })?
+        .run())
 }
 
 /// Writes the ordered providers' policies for the workers. A receiver that cannot reach the
