@@ -60,6 +60,10 @@ struct Target {
     /// Prefix of the event ids, unique per run.
     #[arg(long)]
     run_id: String,
+    /// Also send each event's id in this header (for a provider that reads its id there,
+    /// e.g. one that suppresses replays).
+    #[arg(long)]
+    id_header: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -236,6 +240,7 @@ struct Signer {
     host: String,
     padding: String,
     run_id: String,
+    id_header: Option<String>,
     next: AtomicU64,
 }
 
@@ -268,6 +273,7 @@ impl Signer {
             host: target.addr.clone(),
             padding: "x".repeat(target.body_bytes.saturating_sub(112)),
             run_id: target.run_id.clone(),
+            id_header: target.id_header.clone(),
             next: AtomicU64::new(0),
         })
     }
@@ -296,6 +302,9 @@ impl Signer {
             .header("content-type", "application/json");
         for (name, value) in headers {
             builder = builder.header(name, value);
+        }
+        if let Some(name) = &self.id_header {
+            builder = builder.header(name.as_str(), event_id.as_str());
         }
         let request = builder
             .body(Full::new(Bytes::from(body)))
