@@ -70,24 +70,45 @@ pub struct Claim {
     pub events: Vec<ClaimedEvent>,
 }
 
-/// The tail of a claim: the rows of CTEs `claimed` (the queue rows taken, with `RETURNING id,
-/// attempt, next_attempt_at, ordering_key, ordering_sequence`) and `keyed` (their keys taken,
-/// `RETURNING holder AS id, processed_sequence`) as [`ClaimedEvent`]s, each with its journal
-/// row read by key (see [`claim_due`] for why in a `LATERAL` subquery), oldest due first.
-macro_rules! claimed_events {
-    () => {
-        "SELECT event.id, event.provider, event.event_id, event.event_type, \
-                event.received_at, event.headers, event.body, claimed.attempt, \
-                claimed.ordering_key, claimed.ordering_sequence, \
-                coalesce(claimed.ordering_sequence < keyed.processed_sequence, false) AS stale, \
-                coalesce(policy.skip_stale, false) AS skip_stale \
-         FROM claimed CROSS JOIN LATERAL ( \
-             SELECT * FROM inbox_events WHERE inbox_events.id = claimed.id LIMIT 1 \
-         ) AS event \
-         LEFT JOIN keyed ON keyed.id = claimed.id \
-         LEFT JOIN inbox_ordering_providers AS policy \
-             ON claimed.ordering_key IS NOT NULL AND policy.provider = event.provider \
-         ORDER BY claimed.next_attempt_at, event.id"
+/// The end of a claim statement, after its `WITH` and the CTEs that choose what to take:
+/// `claimed`, the queue rows whose ids the SQL array expression `$ids` names, taken under the
+/// lease (`$1` token, `$2` worker name, `$3` lease in milliseconds) when still ready; `keyed`,
+/// the ordering keys of those taken, held by them; and the rows as [`ClaimedEvent`]s, each with
+/// its journal row read by key (see [`claim_due`] for why in a `LATERAL` subquery), oldest due
+/// first.
+macro_rules! take_rows {
+    ($ids:literal) => {
+        concat!(
+            "claimed AS ( \
+                 UPDATE inbox_queue AS queue \
+                 SET status = {processing}, attempt = queue.attempt + 1, lease_token = $1, \
+                     locked_by = $2, locked_until = now() + $3 * interval '1 millisecond' \
+                 WHERE queue.id = ANY(",
+            $ids,
+            ") AND queue.status = {ready} \
+                 RETURNING queue.id, queue.attempt, queue.next_attempt_at, queue.ordering_key, \
+                           queue.ordering_sequence \
+             ), keyed AS ( \
+                 UPDATE inbox_keys AS key \
+                 SET holder = (SELECT claimed.id FROM claimed \
+                               WHERE claimed.ordering_key = key.ordering_key) \
+                 WHERE key.ordering_key = ANY(ARRAY( \
+                     SELECT ordering_key FROM claimed WHERE ordering_key IS NOT NULL)) \
+                 RETURNING key.holder AS id, key.processed_sequence \
+             ) \
+             SELECT event.id, event.provider, event.event_id, event.event_type, \
+                    event.received_at, event.headers, event.body, claimed.attempt, \
+                    claimed.ordering_key, claimed.ordering_sequence, \
+                    coalesce(claimed.ordering_sequence < keyed.processed_sequence, false) AS stale, \
+                    coalesce(policy.skip_stale, false) AS skip_stale \
+             FROM claimed CROSS JOIN LATERAL ( \
+                 SELECT * FROM inbox_events WHERE inbox_events.id = claimed.id LIMIT 1 \
+             ) AS event \
+             LEFT JOIN keyed ON keyed.id = claimed.id \
+             LEFT JOIN inbox_ordering_providers AS policy \
+                 ON claimed.ordering_key IS NOT NULL AND policy.provider = event.provider \
+             ORDER BY claimed.next_attempt_at, event.id"
+        )
     };
 }
 
@@ -182,24 +203,8 @@ pub async fn claim_due(
                  FROM heads \
                  WHERE key.ordering_key = heads.ordering_key AND NOT heads.claimable \
                    AND heads.unchanged \
-             ), claimed AS ( \
-                 UPDATE inbox_queue AS queue \
-                 SET status = {processing}, attempt = queue.attempt + 1, lease_token = $1, \
-                     locked_by = $2, locked_until = now() + $3 * interval '1 millisecond' \
-                 WHERE queue.id = ANY((SELECT ids FROM plain) \
-                                      || ARRAY(SELECT id FROM heads WHERE claimable)) \
-                   AND queue.status = {ready} \
-                 RETURNING queue.id, queue.attempt, queue.next_attempt_at, queue.ordering_key, \
-                           queue.ordering_sequence \
-             ), keyed AS ( \
-                 UPDATE inbox_keys AS key \
-                 SET holder = (SELECT claimed.id FROM claimed \
-                               WHERE claimed.ordering_key = key.ordering_key) \
-                 WHERE key.ordering_key = ANY(ARRAY( \
-                     SELECT ordering_key FROM claimed WHERE ordering_key IS NOT NULL)) \
-                 RETURNING key.holder AS id, key.processed_sequence \
-             ) ",
-            claimed_events!()
+             ), ",
+            take_rows!("(SELECT ids FROM plain) || ARRAY(SELECT id FROM heads WHERE claimable)")
         )),
         (
             bind::<diesel::sql_types::Uuid, _>(lease_token),
@@ -357,21 +362,8 @@ pub async fn hand_on_keys(
                  WHERE key.ordering_key = ANY($4) AND key.holder IS NULL \
                    AND key.blocked_by IS NULL AND head.status = {ready} \
                    AND head.next_attempt_at <= now() AND head.not_paused \
-             ), claimed AS ( \
-                 UPDATE inbox_queue AS queue \
-                 SET status = {processing}, attempt = queue.attempt + 1, lease_token = $1, \
-                     locked_by = $2, locked_until = now() + $3 * interval '1 millisecond' \
-                 WHERE queue.id = ANY(ARRAY(SELECT id FROM heads)) AND queue.status = {ready} \
-                 RETURNING queue.id, queue.attempt, queue.next_attempt_at, queue.ordering_key, \
-                           queue.ordering_sequence \
-             ), keyed AS ( \
-                 UPDATE inbox_keys AS key \
-                 SET holder = (SELECT claimed.id FROM claimed \
-                               WHERE claimed.ordering_key = key.ordering_key) \
-                 WHERE key.ordering_key = ANY(ARRAY(SELECT ordering_key FROM claimed)) \
-                 RETURNING key.holder AS id, key.processed_sequence \
-             ) ",
-            claimed_events!()
+             ), ",
+            take_rows!("ARRAY(SELECT id FROM heads)")
         )),
         (
             bind::<diesel::sql_types::Uuid, _>(lease_token),
