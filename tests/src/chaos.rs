@@ -576,6 +576,49 @@ struct Cluster {
     standby: Option<Postgres>,
     promote_after: Duration,
     failover_times: Option<FailoverTimes>,
+    /// The binaries' DATABASE_URL.
+    url: String,
+    in_flight: InFlight,
+}
+
+/// Events that killed workers held in processing when they were killed: each had to be
+/// rescued, an ordered one keeping its key from every other worker until then.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InFlight {
+    /// Events in processing under a killed worker's lease.
+    pub events: u64,
+    /// Those of them with an ordering key.
+    pub ordered: u64,
+}
+
+#[derive(QueryableByName)]
+struct Held {
+    #[diesel(sql_type = BigInt)]
+    events: i64,
+    #[diesel(sql_type = BigInt)]
+    ordered: i64,
+}
+
+/// What one worker holds in processing; nothing when the database cannot say (stopped on
+/// purpose).
+async fn held_by(url: &str, worker: &str) -> InFlight {
+    let Ok(mut conn) = test_db::establish(url).await else {
+        return InFlight::default();
+    };
+    let rows: Vec<Held> = diesel::sql_query(
+        "SELECT count(*) AS events, count(ordering_key) AS ordered FROM inbox_queue \
+         WHERE status = 1 AND locked_by = $1",
+    )
+    .bind::<Text, _>(worker)
+    .load(&mut conn)
+    .await
+    .unwrap_or_default();
+    rows.into_iter()
+        .next()
+        .map_or_else(InFlight::default, |held| InFlight {
+            events: held.events.max(0) as u64,
+            ordered: held.ordered.max(0) as u64,
+        })
 }
 
 /// What a scenario does. Every count is exact: the timeline performs each kill it plans.
@@ -883,6 +926,8 @@ impl Cluster {
             standby,
             promote_after: scenario.promote_after,
             failover_times: None,
+            url,
+            in_flight: InFlight::default(),
         };
         for index in 0..cluster.receivers.len() {
             cluster.start_receiver(index).await;
@@ -951,6 +996,12 @@ impl Cluster {
                 Act::KillWorker(index) => {
                     if self.workers[index].kill9() {
                         kills.workers += 1;
+                        // Its rows stay in processing under its lease until rescued.
+                        let worker = &self.workers[index];
+                        let name = format!("{}-g{}", worker.label, worker.generation);
+                        let held = held_by(&self.url, &name).await;
+                        self.in_flight.events += held.events;
+                        self.in_flight.ordered += held.ordered;
                     }
                     // A supervisor starts a replacement soon after.
                     tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
@@ -1027,6 +1078,8 @@ pub struct Outcome {
     pub kills: Kills,
     /// What the failover took (failover scenarios).
     pub failover: Option<FailoverTimes>,
+    /// What the killed workers held at their kills.
+    pub in_flight: InFlight,
     /// The invariant check.
     pub check: Check,
     /// Wall-clock time, start to verdict.
@@ -1665,12 +1718,14 @@ pub async fn run(scenario: Scenario) -> Outcome {
         });
     }
     let failover = cluster.failover_times;
+    let in_flight = cluster.in_flight;
     drop(cluster);
     Outcome {
         scenario,
         report,
         kills,
         failover,
+        in_flight,
         check,
         elapsed: started.elapsed(),
         logs,
@@ -1755,8 +1810,11 @@ impl Outcome {
             (
                 "kills",
                 format!(
-                    "worker {} / receiver {} / database {} / failover {}",
+                    "worker {} ({} events in flight, {} of them ordered) / receiver {} / \
+                     database {} / failover {}",
                     self.kills.workers,
+                    self.in_flight.events,
+                    self.in_flight.ordered,
                     self.kills.receivers,
                     self.kills.database,
                     self.kills.failovers
