@@ -1,7 +1,8 @@
 //! Chaos scenarios: the real `receiver` and `worker` binaries as processes, on a PostgreSQL
 //! server of the scenario's own, under the provider simulator's traffic, while a seeded
 //! timeline kills workers and receivers with SIGKILL and stops the database abruptly; then
-//! the design's invariants are checked by querying the database.
+//! the design's invariants are checked by querying the database, those of ordered processing
+//! on the demo handler's trace ([`ordered`]).
 //!
 //! The binaries come from `INBOX_BIN_DIR`, or else from the target folder the running test
 //! was built into: build them first (`cargo build --workspace --bins`; `make test` does).
@@ -25,11 +26,15 @@ use inbox_simulator::{Fate, Mix, Plan, Progress, Report, RetryPolicy, SendSettin
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+pub mod ordered;
+
 /// The providers of every scenario: the original six schemes, Stripe with two secrets
 /// (rotation), and the other families and shapes: Ed25519 (Discord, with its PING handshake),
 /// ECDSA P-256 batches (SendGrid), static credentials (GitLab), HMAC inside batch items with a
 /// fixed answer (Adyen), a signed URL (Twilio, HubSpot batches), a handshake (Twitch) and
-/// batches keyed by content (Meta).
+/// batches keyed by content (Meta); and an ordered provider (`ordered`: one event of an
+/// order at a time, in version order, late versions marked stale), whose events the simulator
+/// plans as several versions of each order.
 pub const PROVIDERS: &str = r#"
 [providers.stripe]
 scheme = "stripe"
@@ -91,10 +96,25 @@ secrets = [{ env = "CHAOS_TWITCH_SECRET" }]
 [providers.meta]
 scheme = "meta"
 secrets = [{ env = "CHAOS_META_SECRET" }]
+
+[providers.ordered]
+scheme = "hmac-sha256"
+signature_header = "X-Signature"
+encoding = "hex"
+prefix = "sha256="
+event_id = { json_pointer = "/id" }
+event_type = { json_pointer = "/type" }
+secrets = [{ env = "CHAOS_ORDERED_SECRET" }]
+
+[providers.ordered.ordering]
+key = { json_pointer = "/data/order_id" }
+sequence = { json_pointer = "/data/version" }
+reorder_window = "250ms"
+on_stale = "mark"
 "#;
 
 /// The secrets of [`PROVIDERS`], as environment variables of the receivers.
-pub const SECRETS: [(&str, &str); 15] = [
+pub const SECRETS: [(&str, &str); 16] = [
     ("CHAOS_STRIPE_SECRET", "whsec_chaos_stripe_current"),
     ("CHAOS_STRIPE_PREVIOUS", "whsec_chaos_stripe_previous"),
     ("CHAOS_GITHUB_SECRET", "chaos github secret"),
@@ -124,6 +144,7 @@ pub const SECRETS: [(&str, &str); 15] = [
     ("CHAOS_HUBSPOT_SECRET", "chaos-hubspot-secret"),
     ("CHAOS_TWITCH_SECRET", "chaos-twitch-secret"),
     ("CHAOS_META_SECRET", "chaos-meta-secret"),
+    ("CHAOS_ORDERED_SECRET", "chaos-ordered-secret"),
 ];
 
 /// Lease of the chaos workers: short, so a killed worker's events come back quickly.
@@ -555,6 +576,49 @@ struct Cluster {
     standby: Option<Postgres>,
     promote_after: Duration,
     failover_times: Option<FailoverTimes>,
+    /// The binaries' DATABASE_URL.
+    url: String,
+    in_flight: InFlight,
+}
+
+/// Events that killed workers held in processing when they were killed: each had to be
+/// rescued, an ordered one keeping its key from every other worker until then.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InFlight {
+    /// Events in processing under a killed worker's lease.
+    pub events: u64,
+    /// Those of them with an ordering key.
+    pub ordered: u64,
+}
+
+#[derive(QueryableByName)]
+struct Held {
+    #[diesel(sql_type = BigInt)]
+    events: i64,
+    #[diesel(sql_type = BigInt)]
+    ordered: i64,
+}
+
+/// What one worker holds in processing; nothing when the database cannot say (stopped on
+/// purpose).
+async fn held_by(url: &str, worker: &str) -> InFlight {
+    let Ok(mut conn) = test_db::establish(url).await else {
+        return InFlight::default();
+    };
+    let rows: Vec<Held> = diesel::sql_query(
+        "SELECT count(*) AS events, count(ordering_key) AS ordered FROM inbox_queue \
+         WHERE status = 1 AND locked_by = $1",
+    )
+    .bind::<Text, _>(worker)
+    .load(&mut conn)
+    .await
+    .unwrap_or_default();
+    rows.into_iter()
+        .next()
+        .map_or_else(InFlight::default, |held| InFlight {
+            events: held.events.max(0) as u64,
+            ordered: held.ordered.max(0) as u64,
+        })
 }
 
 /// What a scenario does. Every count is exact: the timeline performs each kill it plans.
@@ -862,6 +926,8 @@ impl Cluster {
             standby,
             promote_after: scenario.promote_after,
             failover_times: None,
+            url,
+            in_flight: InFlight::default(),
         };
         for index in 0..cluster.receivers.len() {
             cluster.start_receiver(index).await;
@@ -930,6 +996,12 @@ impl Cluster {
                 Act::KillWorker(index) => {
                     if self.workers[index].kill9() {
                         kills.workers += 1;
+                        // Its rows stay in processing under its lease until rescued.
+                        let worker = &self.workers[index];
+                        let name = format!("{}-g{}", worker.label, worker.generation);
+                        let held = held_by(&self.url, &name).await;
+                        self.in_flight.events += held.events;
+                        self.in_flight.ordered += held.ordered;
                     }
                     // A supervisor starts a replacement soon after.
                     tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
@@ -1006,6 +1078,8 @@ pub struct Outcome {
     pub kills: Kills,
     /// What the failover took (failover scenarios).
     pub failover: Option<FailoverTimes>,
+    /// What the killed workers held at their kills.
+    pub in_flight: InFlight,
     /// The invariant check.
     pub check: Check,
     /// Wall-clock time, start to verdict.
@@ -1047,6 +1121,11 @@ pub struct Check {
     pub retried_rows: u64,
     /// Most rows seen in processing well past their lease, at one time.
     pub stuck_leases_seen: u64,
+    /// The ordered provider's events: how many, of how many keys, how many came stale.
+    pub ordered: ordered::Tally,
+    /// Violations of the per-key invariants of ordered events (all of them, where
+    /// [`Check::violations`] keeps a few examples of each invariant).
+    pub ordered_violations: u64,
     /// Every violation found.
     pub violations: Vec<Violation>,
 }
@@ -1062,6 +1141,12 @@ mod invariant {
     pub const PROVIDER_GAVE_UP: &str = "every genuine event acknowledged within the retry budget";
     pub const CRASHES: &str = "processes exit only when killed";
     pub const HANDSHAKES: &str = "handshakes answered as the providers expect, never stored";
+    pub const ORDERED_ONE_AT_A_TIME: &str = "7 ordered: one event of a key in processing at a time";
+    pub const ORDERED_SEQUENCE: &str =
+        "7 ordered: a key's events in sequence order, late arrivals marked stale";
+    pub const ORDERED_ONCE: &str = "7 ordered: each handled once, under its key and sequence";
+    /// The per-key invariants of ordered events.
+    pub const ORDERED: [&str; 3] = [ORDERED_ONE_AT_A_TIME, ORDERED_SEQUENCE, ORDERED_ONCE];
 }
 
 #[derive(QueryableByName)]
@@ -1243,6 +1328,14 @@ impl Violations {
         }
     }
 
+    /// How many violations of `invariants` were found, examples or not.
+    fn count_of(&self, invariants: &[&str]) -> u64 {
+        invariants
+            .iter()
+            .filter_map(|invariant| self.per_invariant.get(invariant))
+            .sum::<usize>() as u64
+    }
+
     fn finish(mut self) -> Vec<Violation> {
         for (invariant, count) in &self.per_invariant {
             if *count > EXAMPLES {
@@ -1299,6 +1392,12 @@ async fn check(
     )
     .await
     .unwrap_or_else(|err| panic!("{err}"));
+    let trace = ordered::load_trace(&mut conn)
+        .await
+        .unwrap_or_else(|err| panic!("{err}"));
+    let keys_taken = ordered::keys_left_taken(&mut conn)
+        .await
+        .unwrap_or_else(|err| panic!("{err}"));
 
     let mut found = Check {
         rows: rows.len() as u64,
@@ -1334,6 +1433,12 @@ async fn check(
         v.add(
             invariant::NOTHING_STUCK,
             format!("up to {stuck} rows seen in processing long past their lease"),
+        );
+    }
+    if keys_taken > 0 {
+        v.add(
+            invariant::NOTHING_STUCK,
+            format!("{keys_taken} ordering keys still held or blocked once drained"),
         );
     }
 
@@ -1460,6 +1565,9 @@ async fn check(
             }
         }
     }
+    let stored_ids: std::collections::HashSet<(&str, &str)> = stored.keys().copied().collect();
+    found.ordered = ordered::check(&trace, report, &stored_ids, &mut v);
+    found.ordered_violations = v.count_of(&invariant::ORDERED);
     for row in &rows {
         if !sent.contains_key(&(row.provider.as_str(), row.event_id.as_str())) {
             v.add(
@@ -1610,12 +1718,14 @@ pub async fn run(scenario: Scenario) -> Outcome {
         });
     }
     let failover = cluster.failover_times;
+    let in_flight = cluster.in_flight;
     drop(cluster);
     Outcome {
         scenario,
         report,
         kills,
         failover,
+        in_flight,
         check,
         elapsed: started.elapsed(),
         logs,
@@ -1668,6 +1778,14 @@ impl Outcome {
                 format!("{} events done without effect", c.ignored),
             ),
             (
+                "ordered per key",
+                format!(
+                    "{} events of {} keys ({} late ones marked stale); {} violations of \
+                     the per-key invariants",
+                    c.ordered.events, c.ordered.keys, c.ordered.stale, c.ordered_violations
+                ),
+            ),
+            (
                 "rows attempted twice or more",
                 format!("{} (in flight at a kill or an outage)", c.retried_rows),
             ),
@@ -1692,8 +1810,11 @@ impl Outcome {
             (
                 "kills",
                 format!(
-                    "worker {} / receiver {} / database {} / failover {}",
+                    "worker {} ({} events in flight, {} of them ordered) / receiver {} / \
+                     database {} / failover {}",
                     self.kills.workers,
+                    self.in_flight.events,
+                    self.in_flight.ordered,
                     self.kills.receivers,
                     self.kills.database,
                     self.kills.failovers
@@ -1747,8 +1868,8 @@ impl Outcome {
         out
     }
 
-    /// Panics with the table and every violation unless the run kept every invariant and
-    /// performed every planned kill.
+    /// Panics with the table and every violation unless the run kept every invariant,
+    /// performed every planned kill, and had ordered events to check the per-key invariants on.
     pub fn assert_clean(&self) {
         let s = &self.scenario;
         let planned = Kills {
@@ -1758,7 +1879,10 @@ impl Outcome {
             failovers: usize::from(s.failover.is_some()),
         };
         assert!(
-            self.check.violations.is_empty() && self.kills == planned,
+            self.check.violations.is_empty()
+                && self.check.ordered_violations == 0
+                && self.check.ordered.events > 0
+                && self.kills == planned,
             "chaos `{}` failed (planned kills {planned:?}); logs in {}\n{}",
             s.name,
             self.logs.path.display(),

@@ -2,7 +2,8 @@
 //! a PostgreSQL server of each scenario's own, the provider simulator sending signed webhooks
 //! with duplicates, bursts, reordering, late copies and forgeries, and components killed with
 //! SIGKILL along the way. Each scenario ends with the invariants of DESIGN.md checked against
-//! the database (`inbox_tests::chaos`). `make chaos` runs the long version.
+//! the database (`inbox_tests::chaos`), the per-key order of the ordered provider's events
+//! among them. `make chaos` runs the long version.
 
 use std::time::Duration;
 

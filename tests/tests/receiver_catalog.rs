@@ -167,6 +167,7 @@ fn delivery(
         planned_id,
         Some("order.created"),
         json!({ "order_id": planned_id }),
+        None,
     )
     .unwrap();
     let signed_url = provider

@@ -613,3 +613,82 @@ async fn events_no_route_takes_hand_their_key_on_as_well() {
     .await;
     assert_eq!(worker.stop().await.handed_on.get(), EVENTS as u64 - 1);
 }
+
+/// One `demo_ledger` line, with the trace it keeps of an ordered event.
+#[derive(Debug, PartialEq, Eq, diesel::QueryableByName)]
+struct LedgerTrace {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    event_id: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    ordering_key: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    ordering_sequence: Option<i64>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Bool>)]
+    stale: Option<bool>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Bool>)]
+    written_after_it_started: Option<bool>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_handler_traces_each_ordered_event_with_its_key_sequence_stale_mark_and_moment() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let worker = RunningWorker::start(&db, demo_router(), worker_settings("w-demo"));
+    let done = "SELECT count(*) AS n FROM inbox_finished WHERE status = 2";
+    let unordered = NewEvent {
+        event_id: "plain-1".into(),
+        ordering: None,
+        ..ordered_event("plain", 1, Duration::ZERO)
+    };
+    // The second comes after the first is done, below it: late, handed over stale.
+    for (n, event) in [
+        ordered_event("pi_1", 5, Duration::ZERO),
+        ordered_event("pi_1", 4, Duration::ZERO),
+        unordered,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        insert_events(&mut conn, &[event]).await.unwrap();
+        wait_for_count(
+            &mut conn,
+            "done",
+            done,
+            n as i64 + 1,
+            Duration::from_secs(20),
+        )
+        .await;
+    }
+    worker.stop().await;
+    let lines: Vec<LedgerTrace> = diesel_async::RunQueryDsl::load(
+        diesel::sql_query(
+            "SELECT event_id, ordering_key, ordering_sequence, stale, \
+                 written_at >= recorded_at AS written_after_it_started \
+             FROM demo_ledger ORDER BY id",
+        ),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    let ordered = |event_id: &str, sequence, stale| LedgerTrace {
+        event_id: event_id.into(),
+        ordering_key: Some(ordering_key(PROVIDER, "pi_1")),
+        ordering_sequence: Some(sequence),
+        stale: Some(stale),
+        written_after_it_started: Some(true),
+    };
+    assert_eq!(
+        lines,
+        [
+            ordered("pi_1-5", 5, false),
+            ordered("pi_1-4", 4, true),
+            LedgerTrace {
+                event_id: "plain-1".into(),
+                ordering_key: None,
+                ordering_sequence: None,
+                stale: None,
+                written_after_it_started: None,
+            },
+        ]
+    );
+}

@@ -141,6 +141,10 @@ diesel::table! {
         event_id -> Text,
         event_type -> Nullable<Text>,
         recorded_at -> Timestamptz,
+        ordering_key -> Nullable<Text>,
+        ordering_sequence -> Nullable<Int8>,
+        stale -> Nullable<Bool>,
+        written_at -> Nullable<Timestamptz>,
     }
 }
 

@@ -13,7 +13,12 @@
 //! - event types decide the expected [`Fate`] under [`ROUTES`]: `order.*`, `customer.*` and
 //!   `payment.*` reach the demo handler (one business effect each; payments come in
 //!   succeeded/refunded pairs about one object, delivered in any order), `unrouted.*` match no
-//!   route (completed as ignored), `demo.poison` fails permanently (dead letter).
+//!   route (completed as ignored), `demo.poison` fails permanently (dead letter);
+//! - a provider with an `[ordering]` table gets its routed events as versions of one order,
+//!   its ordering key: 2 to 5 events with sequences 1, 2, ... placed where the table reads
+//!   them, their copies shuffled like all others (later versions often arrive first), and for
+//!   some keys one copy of each sent at the same instant. Its poison and unrouted events carry
+//!   no key, so they are processed unordered.
 //!
 //! Every genuine delivery that does not get a 2xx is retried like a provider retries:
 //! exponential backoff with full jitter, bounded in attempts and in time. The run ends with a

@@ -166,6 +166,9 @@ pub struct PlannedEvent {
     pub object: Option<String>,
     /// Payment amount, for payment events.
     pub amount: Option<i64>,
+    /// Its sequence within its object, for an ordered provider's event: the object is then
+    /// its ordering key, and the key's events have sequences 1, 2, ... in plan order.
+    pub sequence: Option<i64>,
     /// What the inbox must make of it.
     pub fate: Fate,
     /// Genuine copies planned.
@@ -219,12 +222,40 @@ const UNROUTED_TYPES: [&str; 2] = ["unrouted.audit_log", "unrouted.ping"];
 /// The demo handler's poison type.
 pub const POISON_TYPE: &str = "demo.poison";
 
+/// Most events of one ordering key in a plan.
+const MAX_EVENTS_PER_KEY: usize = 5;
+
 /// What an event is about, before it is dressed for its provider.
 struct Draft {
     event_type: Option<&'static str>,
     object: Option<String>,
     amount: Option<i64>,
+    /// Its sequence within `object`, its ordering key (ordered providers only).
+    sequence: Option<i64>,
     fate: Fate,
+}
+
+impl Draft {
+    /// An event about nothing in particular (an ordered provider processes it unordered).
+    fn plain(event_type: Option<&'static str>, fate: Fate) -> Self {
+        Self {
+            event_type,
+            object: None,
+            amount: None,
+            sequence: None,
+            fate,
+        }
+    }
+}
+
+/// Where the deliveries of a plan go as they are drawn.
+struct Schedule {
+    main: Vec<Job>,
+    late: Vec<Job>,
+    /// While the events of one key are drawn, possibly: one genuine copy of each, to be sent
+    /// together (a provider flushing its backlog of an object), so that they reach the inbox
+    /// at once and contend for their key.
+    key_burst: Option<Vec<Delivery>>,
 }
 
 impl Plan {
@@ -262,33 +293,45 @@ impl Plan {
         let mut rng = StdRng::seed_from_u64(seed);
         let objects = (count / 3).max(1);
         let mut events: Vec<PlannedEvent> = Vec::with_capacity(count);
-        let mut main: Vec<Job> = Vec::new();
-        let mut late: Vec<Job> = Vec::new();
+        let mut schedule = Schedule {
+            main: Vec::new(),
+            late: Vec::new(),
+            key_burst: None,
+        };
         while events.len() < count {
             let provider = *selected.choose(&mut rng).ok_or(PlanError::NoProvider)?;
             let typed = wire::carries_type(provider);
             let roll: f64 = rng.random();
+            // Poison and unrouted events carry no object, so an ordered provider's are
+            // unordered: a dead head would block its key, and an event done without a handler
+            // would leave no trace of its place in the key's order.
             let drafts = if !typed {
-                vec![Draft {
-                    event_type: None,
-                    object: None,
-                    amount: None,
-                    fate: Fate::Ignored,
-                }]
+                vec![Draft::plain(None, Fate::Ignored)]
             } else if roll < mix.poison {
-                vec![Draft {
-                    event_type: Some(POISON_TYPE),
-                    object: None,
-                    amount: None,
-                    fate: Fate::Dead,
-                }]
+                vec![Draft::plain(Some(POISON_TYPE), Fate::Dead)]
             } else if roll < mix.poison + mix.unrouted {
-                vec![Draft {
-                    event_type: Some(*UNROUTED_TYPES.choose(&mut rng).unwrap_or(&"unrouted.ping")),
-                    object: None,
-                    amount: None,
-                    fate: Fate::Ignored,
-                }]
+                let event_type = *UNROUTED_TYPES.choose(&mut rng).unwrap_or(&"unrouted.ping");
+                vec![Draft::plain(Some(event_type), Fate::Ignored)]
+            } else if provider.ordering.is_some() {
+                // Versions of one object, its key: their copies are shuffled like all others,
+                // so a later version often arrives first and an earlier one comes stale.
+                let object = format!("order_{run_id}_{}", events.len());
+                let size = rng
+                    .random_range(2..=MAX_EVENTS_PER_KEY)
+                    .min(count - events.len());
+                (1..=size as i64)
+                    .map(|sequence| Draft {
+                        event_type: Some(if sequence == 1 {
+                            "order.created"
+                        } else {
+                            "order.updated"
+                        }),
+                        object: Some(object.clone()),
+                        amount: None,
+                        sequence: Some(sequence),
+                        fate: Fate::Effect,
+                    })
+                    .collect()
             } else if roll < mix.poison + mix.unrouted + mix.payments && events.len() + 2 <= count {
                 // Two events about one payment; their copies are shuffled like all others, so
                 // the refund often arrives before the success it refunds.
@@ -300,6 +343,7 @@ impl Plan {
                         event_type: Some(event_type),
                         object: Some(payment.clone()),
                         amount: Some(amount),
+                        sequence: None,
                         fate: Fate::Effect,
                     })
                     .collect()
@@ -309,22 +353,33 @@ impl Plan {
                     event_type: Some(*ROUTED_TYPES.choose(&mut rng).unwrap_or(&"order.created")),
                     object: Some(format!("order_{run_id}_{}", rng.random_range(0..objects))),
                     amount: None,
+                    sequence: None,
                     fate: Fate::Effect,
                 }]
             };
+            let one_key = drafts.len() >= 2 && drafts.iter().all(|d| d.sequence.is_some());
+            if one_key && rng.random_bool(mix.concurrent) {
+                schedule.key_burst = Some(Vec::new());
+            }
             for draft in drafts {
                 let index = events.len();
-                let event = draw_deliveries(
-                    provider, draft, index, run_id, mix, &mut rng, &mut main, &mut late,
-                )
-                .map_err(|reason| PlanError::Unsupported {
-                    provider: provider.name.clone(),
-                    reason,
-                })?;
+                let event =
+                    draw_deliveries(provider, draft, index, run_id, mix, &mut rng, &mut schedule)
+                        .map_err(|reason| PlanError::Unsupported {
+                        provider: provider.name.clone(),
+                        reason,
+                    })?;
                 events.push(event);
+            }
+            if let Some(mut burst) = schedule.key_burst.take().filter(|b| !b.is_empty()) {
+                burst.shuffle(&mut rng);
+                schedule.main.push(Job { deliveries: burst });
             }
         }
         add_batch_companions(&mut events, &selected, &mut rng);
+        let Schedule {
+            mut main, mut late, ..
+        } = schedule;
         main.shuffle(&mut rng);
         late.shuffle(&mut rng);
         Ok(Self {
@@ -347,7 +402,6 @@ impl Plan {
 }
 
 /// Dresses `draft` as event number `index` of `provider` and plans its deliveries.
-#[allow(clippy::too_many_arguments)]
 fn draw_deliveries(
     provider: &Provider,
     draft: Draft,
@@ -355,8 +409,7 @@ fn draw_deliveries(
     run_id: &str,
     mix: &Mix,
     rng: &mut StdRng,
-    main: &mut Vec<Job>,
-    late: &mut Vec<Job>,
+    schedule: &mut Schedule,
 ) -> Result<PlannedEvent, String> {
     let planned_id = format!("{}{run_id}-{index:07}", wire::id_prefix(provider));
     let mut data = serde_json::json!({ "sequence": index });
@@ -371,7 +424,18 @@ fn draw_deliveries(
     if let Some(amount) = draft.amount {
         data["amount"] = serde_json::Value::from(amount);
     }
-    let (body, headers, event_id) = wire::compose(provider, &planned_id, draft.event_type, data)?;
+    let ordering = draft
+        .object
+        .as_deref()
+        .zip(draft.sequence)
+        .map(|(key, sequence)| wire::EventOrder { key, sequence });
+    let (body, headers, event_id) =
+        wire::compose(provider, &planned_id, draft.event_type, data, ordering)?;
+    let Schedule {
+        main,
+        late,
+        key_burst,
+    } = schedule;
 
     let forgeable = !provider.unsigned;
     let stale_kind = if provider.scheme.tolerance().is_some() {
@@ -400,6 +464,13 @@ fn draw_deliveries(
     } else {
         copies = rng.random_range(mix.min_copies..=mix.max_copies);
         let mut remaining = copies;
+        if let Some(burst) = key_burst.as_mut() {
+            burst.push(Delivery {
+                event: index,
+                kind: DeliveryKind::Genuine,
+            });
+            remaining -= 1;
+        }
         if remaining >= 2 && rng.random_bool(mix.late) {
             late.push(single(DeliveryKind::Genuine));
             remaining -= 1;
@@ -435,6 +506,7 @@ fn draw_deliveries(
         event_type: draft.event_type.map(str::to_owned),
         object: draft.object,
         amount: draft.amount,
+        sequence: draft.sequence,
         fate,
         copies,
         forged,
@@ -590,6 +662,66 @@ mod tests {
             });
             assert_eq!(refund.and_then(|r| r.amount), event.amount);
         }
+    }
+
+    #[test]
+    fn an_ordered_providers_events_come_as_versions_of_one_key_some_sent_together() {
+        let providers = Providers::parse(
+            "[providers.ordered]\nscheme = \"hmac-sha256\"\nsignature_header = \"X-Signature\"\n\
+             event_id = { json_pointer = \"/id\" }\nevent_type = { json_pointer = \"/type\" }\n\
+             secrets = [{ env = \"SECRET\" }]\n\
+             [providers.ordered.ordering]\nkey = { json_pointer = \"/data/order_id\" }\n\
+             sequence = { json_pointer = \"/data/version\" }\n\
+             [providers.github]\nscheme = \"github\"\nsecrets = [{ env = \"SECRET\" }]\n",
+            Path::new("providers.toml"),
+            &|_| Some("plain-secret".to_owned()),
+        )
+        .expect("valid providers");
+        let plan = Plan::new(&providers, &[], &Mix::default(), 2_000, 9, "r").expect("plan");
+        let mut keys: std::collections::BTreeMap<&str, Vec<(usize, i64)>> = Default::default();
+        for (index, event) in plan.events.iter().enumerate() {
+            match (event.provider.as_str(), event.sequence) {
+                ("ordered", Some(sequence)) => {
+                    let object = event.object.as_deref().expect("a key");
+                    keys.entry(object).or_default().push((index, sequence));
+                    assert!(
+                        matches!(event.fate, Fate::Effect | Fate::Rejected),
+                        "{event:?}"
+                    );
+                }
+                // Poison and unrouted events carry no key: a dead head would block it.
+                ("ordered", None) => assert_ne!(event.fate, Fate::Effect, "{event:?}"),
+                (_, sequence) => assert_eq!(sequence, None, "{event:?}"),
+            }
+        }
+        assert!(keys.len() > 100, "only {} keys", keys.len());
+        for (key, events) in &keys {
+            let sequences: Vec<i64> = events.iter().map(|(_, sequence)| *sequence).collect();
+            let expected: Vec<i64> = (1..=events.len() as i64).collect();
+            assert_eq!(
+                sequences, expected,
+                "key {key}: versions 1, 2, ... in plan order"
+            );
+            assert!((1..=MAX_EVENTS_PER_KEY).contains(&events.len()));
+        }
+        assert!(keys.values().filter(|events| events.len() >= 2).count() > 100);
+        // Some keys' versions are sent at one instant, in any order.
+        let together = plan
+            .main
+            .iter()
+            .filter(|job| {
+                let events: HashSet<usize> = job.deliveries.iter().map(|d| d.event).collect();
+                events.len() >= 2
+            })
+            .count();
+        assert!(
+            together > 10,
+            "only {together} bursts across one key's events"
+        );
+        assert!(plan
+            .late
+            .iter()
+            .any(|job| plan.events[job.deliveries[0].event].sequence.is_some()));
     }
 
     #[test]

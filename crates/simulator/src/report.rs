@@ -81,6 +81,9 @@ pub struct EventRecord {
     pub object: Option<String>,
     /// Payment amount, for payment events.
     pub amount: Option<i64>,
+    /// Its sequence within its object, its ordering key (an ordered provider's events).
+    #[serde(default)]
+    pub sequence: Option<i64>,
     /// What the inbox must make of it.
     pub expected: Fate,
     /// Genuine copies planned.

@@ -463,6 +463,7 @@ impl Sender {
                 event_type: planned.event_type.clone(),
                 object: planned.object.clone(),
                 amount: planned.amount,
+                sequence: planned.sequence,
                 expected: planned.fate,
                 copies: planned.copies,
                 forged: planned.forged,

@@ -76,15 +76,27 @@ pub fn id_prefix(provider: &Provider) -> &'static str {
     }
 }
 
+/// Where an event stands in its provider's order: the value of its ordering key (its
+/// object) and its sequence within that key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventOrder<'a> {
+    /// The key's value, before the receiver prefixes it with the provider.
+    pub key: &'a str,
+    /// The event's sequence within the key.
+    pub sequence: i64,
+}
+
 /// The body and identity headers of an event: its id and type where `provider`'s receiver
-/// configuration reads them, `data` under `"data"`; and the event id the receiver will read
-/// (the planned one, or what the provider's scheme derives from it: joined fields, or the
-/// hash of a batch item).
+/// configuration reads them, `data` under `"data"`, and for an ordered provider its ordering
+/// key and sequence where its `[ordering]` table reads them; and the event id the receiver
+/// will read (the planned one, or what the provider's scheme derives from it: joined fields,
+/// or the hash of a batch item).
 pub fn compose(
     provider: &Provider,
     event_id: &str,
     event_type: Option<&str>,
     data: Value,
+    ordering: Option<EventOrder<'_>>,
 ) -> Result<(Vec<u8>, Headers, String), String> {
     let mut headers = Vec::new();
     let body = match &provider.identity {
@@ -99,6 +111,7 @@ pub fn compose(
             if let (Some(source), Some(event_type)) = (type_sources.first(), event_type) {
                 place(&mut body, &mut headers, source, event_type)?;
             }
+            place_ordering(provider, &mut body, &mut headers, ordering)?;
             body
         }
         Identity::Slack { .. } => {
@@ -107,7 +120,9 @@ pub fn compose(
             if let Some(event_type) = event_type {
                 event.insert("type".into(), event_type.into());
             }
-            serde_json::json!({ "type": "event_callback", "event_id": event_id, "event": event, "data": data })
+            let mut body = serde_json::json!({ "type": "event_callback", "event_id": event_id, "event": event, "data": data });
+            place_ordering(provider, &mut body, &mut headers, ordering)?;
+            body
         }
         Identity::Batch(batch) => {
             let mut item = Value::Object(Map::from_iter([
@@ -132,12 +147,36 @@ pub fn compose(
                     event_type,
                 )?;
             }
+            // The receiver reads a batch event's key from its own item.
+            place_ordering(provider, &mut item, &mut headers, ordering)?;
             wrap_batch(item, &batch.unwrap, &batch.items)?
         }
     };
     let bytes = to_bytes(&body);
     let received = received_id(provider, &headers, &bytes, event_id)?;
     Ok((bytes, headers, received))
+}
+
+/// Puts an ordered event's key and sequence where `provider`'s `[ordering]` table reads them.
+/// Nothing for an event without `ordering`, which the receiver then processes unordered.
+fn place_ordering(
+    provider: &Provider,
+    body: &mut Value,
+    headers: &mut Headers,
+    ordering: Option<EventOrder<'_>>,
+) -> Result<(), String> {
+    let (Some(spec), Some(ordering)) = (&provider.ordering, ordering) else {
+        return Ok(());
+    };
+    place(body, headers, &spec.key, ordering.key)?;
+    match &spec.sequence {
+        // A number, as providers send versions and timestamps.
+        Some(FieldSource::JsonPointer(pointer)) => {
+            place_value(body, headers, pointer, Value::from(ordering.sequence))
+        }
+        Some(source) => place(body, headers, source, &ordering.sequence.to_string()),
+        None => Ok(()),
+    }
 }
 
 /// The one-item batch around `item`: under `unwrap`, inside the array at `items`.
@@ -536,6 +575,53 @@ mod tests {
             .expect("a demo event");
         assert_eq!(demo.event_type, None, "demo carries no type here");
         assert_eq!(demo.fate, Fate::Ignored);
+    }
+
+    #[test]
+    fn the_receiver_reads_an_ordered_events_key_and_sequence_where_its_provider_says() {
+        for ordering in [
+            "key = { json_pointer = \"/data/order_id\" }\nsequence = { json_pointer = \"/data/version\" }",
+            "key = { header = \"X-Entity\" }\nsequence = { header = \"X-Version\" }",
+        ] {
+            let providers = Providers::parse(
+                &format!(
+                    "[providers.ordered]\nscheme = \"hmac-sha256\"\n\
+                     signature_header = \"X-Signature\"\n\
+                     event_id = {{ json_pointer = \"/id\" }}\n\
+                     event_type = {{ json_pointer = \"/type\" }}\n\
+                     secrets = [{{ env = \"S\" }}]\n[providers.ordered.ordering]\n{ordering}\n"
+                ),
+                Path::new("providers.toml"),
+                &|_| Some("ordered-secret".to_owned()),
+            )
+            .expect("valid providers");
+            let provider = providers.get("ordered").expect("provider");
+            let spec = provider.ordering.as_ref().expect("ordered");
+            let plan = Plan::new(&providers, &[], &Mix::default(), 300, 4, "o").expect("plan");
+            let mut keyed = 0;
+            for event in &plan.events {
+                let (headers, body) = request(
+                    provider,
+                    event,
+                    &[],
+                    DeliveryKind::Genuine,
+                    0,
+                    1_700_000_000,
+                    "http://127.0.0.1:9/webhooks/ordered",
+                );
+                let read = spec.of_event("ordered", &headers, &body);
+                match (&event.object, event.sequence) {
+                    (Some(object), Some(sequence)) => {
+                        let read = read.expect("an ordering");
+                        assert_eq!(read.key, format!("ordered:{object}"));
+                        assert_eq!(read.sequence, sequence);
+                        keyed += 1;
+                    }
+                    _ => assert_eq!(read, None, "{event:?}"),
+                }
+            }
+            assert!(keyed > 100, "{keyed}");
+        }
     }
 
     #[test]

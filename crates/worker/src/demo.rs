@@ -4,6 +4,11 @@
 //! transaction that completes the event. The ledger has no unique constraint of its own, so a
 //! second effect for one event would show as a second line.
 //!
+//! The line of an ordered event also keeps its ordering key, its sequence, whether it came
+//! stale, and `clock_timestamp()` as it was written (`written_at`; the line's `recorded_at` is
+//! its transaction's start): a trace of committed handlings from which the chaos tests check,
+//! per key, that handlings never overlapped and followed the sequence.
+//!
 //! Payment events also update `demo_payments`, and show out-of-order safety: each event
 //! applies an operation that commutes with the others, so `payment.succeeded` and
 //! `payment.refunded` reach the same final state in either arrival order, and every refund
@@ -15,7 +20,7 @@ use async_trait::async_trait;
 use diesel::prelude::*;
 use std::collections::HashSet;
 
-use diesel::sql_types::{Array, Nullable, Text};
+use diesel::sql_types::{Array, BigInt, Bool, Nullable, Text};
 use diesel::upsert::excluded;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use inbox_core::prepared::{bind, cached_sql};
@@ -124,6 +129,17 @@ async fn apply_payment(
     Ok(())
 }
 
+/// The sequence an ordered event's line keeps (none for an unordered event: the trace is
+/// whole or absent, `demo_ledger_ordering_trace`).
+fn trace_sequence(event: &Event) -> Option<i64> {
+    event.ordering_key.as_ref().and(event.sequence)
+}
+
+/// Whether an ordered event's line records it as stale (none for an unordered event).
+fn trace_stale(event: &Event) -> Option<bool> {
+    event.ordering_key.as_ref().map(|_| event.stale)
+}
+
 #[async_trait]
 impl Handler for DemoLedger {
     async fn handle(
@@ -141,12 +157,19 @@ impl Handler for DemoLedger {
                  INSERT INTO processed_events (provider, event_id) VALUES ($1, $2) \
                  ON CONFLICT DO NOTHING RETURNING provider, event_id \
              ) \
-             INSERT INTO demo_ledger (provider, event_id, event_type) \
-             SELECT provider, event_id, $3 FROM marked",
+             INSERT INTO demo_ledger \
+                 (provider, event_id, event_type, ordering_key, ordering_sequence, stale, \
+                  written_at) \
+             SELECT provider, event_id, $3, $4, $5, $6, \
+                 CASE WHEN $4::text IS NOT NULL THEN clock_timestamp() END \
+             FROM marked",
             (
                 bind::<Text, _>(&event.provider),
                 bind::<Text, _>(&event.event_id),
                 bind::<Nullable<Text>, _>(&event.event_type),
+                bind::<Nullable<Text>, _>(&event.ordering_key),
+                bind::<Nullable<BigInt>, _>(trace_sequence(event)),
+                bind::<Nullable<Bool>, _>(trace_stale(event)),
             ),
         )
         .execute(tx)
@@ -178,23 +201,35 @@ impl Handler for DemoLedger {
         let event_ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
         let event_types: Vec<Option<&str>> =
             events.iter().map(|e| e.event_type.as_deref()).collect();
+        let keys: Vec<Option<&str>> = events.iter().map(|e| e.ordering_key.as_deref()).collect();
+        let sequences: Vec<Option<i64>> = events.iter().map(|e| trace_sequence(e)).collect();
+        let stale: Vec<Option<bool>> = events.iter().map(|e| trace_stale(e)).collect();
         let recorded: Vec<RecordedKey> = cached_sql(
             "WITH input AS ( \
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) \
-                     AS input(provider, event_id, event_type) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], \
+                                      $5::int8[], $6::bool[]) \
+                     AS input(provider, event_id, event_type, ordering_key, \
+                              ordering_sequence, stale) \
              ), marked AS ( \
                  INSERT INTO processed_events (provider, event_id) \
                  SELECT provider, event_id FROM input \
                  ON CONFLICT DO NOTHING RETURNING provider, event_id \
              ) \
-             INSERT INTO demo_ledger (provider, event_id, event_type) \
-             SELECT marked.provider, marked.event_id, input.event_type \
+             INSERT INTO demo_ledger \
+                 (provider, event_id, event_type, ordering_key, ordering_sequence, stale, \
+                  written_at) \
+             SELECT marked.provider, marked.event_id, input.event_type, input.ordering_key, \
+                 input.ordering_sequence, input.stale, \
+                 CASE WHEN input.ordering_key IS NOT NULL THEN clock_timestamp() END \
              FROM marked JOIN input USING (provider, event_id) \
              RETURNING provider, event_id",
             (
                 bind::<Array<Text>, _>(&providers),
                 bind::<Array<Text>, _>(&event_ids),
                 bind::<Array<Nullable<Text>>, _>(&event_types),
+                bind::<Array<Nullable<Text>>, _>(&keys),
+                bind::<Array<Nullable<BigInt>>, _>(&sequences),
+                bind::<Array<Nullable<Bool>>, _>(&stale),
             ),
         )
         .load(tx)
