@@ -309,8 +309,9 @@ async fn events_waiting_for_a_routes_max_in_flight_slot_hold_no_database_connect
              WHERE datname = current_database() AND state LIKE 'idle in transaction%'"
         )
         .await,
-        1,
-        "only the event in flight holds a connection (and its transaction)"
+        0,
+        "no event holds a transaction open: neither those waiting for the slot nor the one \
+         whose forward is in flight"
     );
     // Each poll lets one held request answer.
     wait_until("every event done", Duration::from_secs(20), async || {
@@ -324,5 +325,96 @@ async fn events_waiting_for_a_routes_max_in_flight_slot_hold_no_database_connect
     })
     .await;
     worker.stop().await;
+    handle.stop(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_claimed_ahead_of_a_free_slot_are_kept_leased_and_go_back_unspent_at_shutdown() {
+    let target = web::Data::new(HeldTarget::default());
+    let server = {
+        let target = target.clone();
+        HttpServer::new(move || {
+            App::new()
+                .app_data(target.clone())
+                .default_service(web::to(hold))
+        })
+        .workers(1)
+        .disable_signals()
+        .bind("127.0.0.1:0")
+        .unwrap()
+    };
+    let addr = server.addrs()[0];
+    let server = server.run();
+    let handle = server.handle();
+    tokio::spawn(server);
+    let routes = format!(
+        "[[routes]]\nhandler = \"forward\"\nurl = \"http://{addr}/slow\"\ntimeout = \"30s\"\n"
+    );
+    let router =
+        worker::routes::parse_routes(&routes, std::path::Path::new("routes.toml")).unwrap();
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let events: Vec<NewEvent> = (0..10)
+        .map(|n| event(&format!("evt_{n}"), "slow.thing"))
+        .collect();
+    insert_events(&mut conn, &events).await.unwrap();
+    let mut settings = worker_settings("w1");
+    settings.concurrency = 4;
+    settings.claimers = 1;
+    settings.lease = Duration::from_secs(2);
+    settings.shutdown_grace = Duration::from_millis(200);
+    let worker = RunningWorker::start(&db, router, settings);
+
+    // Four forwards in flight, and one event claimed ahead (a quarter of the slots) for the
+    // first slot that frees; the five others are left to any worker.
+    wait_until(
+        "four forwards in flight and one event claimed ahead",
+        Duration::from_secs(20),
+        async || {
+            target.received.load(std::sync::atomic::Ordering::SeqCst) == 4
+                && count(
+                    &mut conn,
+                    "SELECT count(*) AS n FROM webhook_inbox WHERE status = 1",
+                )
+                .await
+                    == 5
+        },
+    )
+    .await;
+    // The lease keeper extends the waiting event's lease with the others'.
+    let first_expiry = count(
+        &mut conn,
+        "SELECT (extract(epoch FROM max(locked_until)) * 1000)::bigint AS n \
+         FROM webhook_inbox WHERE status = 1",
+    )
+    .await;
+    wait_until(
+        "every claimed event's lease extended, the waiting one's included",
+        Duration::from_secs(20),
+        async || {
+            count(
+                &mut conn,
+                &format!(
+                    "SELECT count(*) AS n FROM webhook_inbox WHERE status = 1 \
+                     AND locked_until > to_timestamp({first_expiry} / 1000.0)"
+                ),
+            )
+            .await
+                == 5
+        },
+    )
+    .await;
+    // Stopping abandons the held forwards (past the grace) and gives the waiting event back.
+    worker.stop().await;
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM webhook_inbox WHERE status = 0 AND attempt = 0"
+        )
+        .await,
+        6,
+        "the event claimed ahead is ready again, its attempt unspent, beside the five never claimed"
+    );
+    target.release.notify_waiters();
     handle.stop(true).await;
 }

@@ -17,7 +17,7 @@ use diesel_async::AsyncPgConnection;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::Semaphore;
 
-use crate::handler::{Event, Handled, Handler, HandlerError};
+use crate::handler::{Event, Handled, Handler, HandlerError, OutsideWork};
 use crate::tls::{self, client_config, TlsError, TlsSettings};
 
 /// Headers that describe the original connection, not the event: never forwarded.
@@ -209,12 +209,28 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 
 #[async_trait]
 impl Handler for Forward {
+    /// The forward alone: it writes nothing in the transaction.
     async fn handle(
         &self,
         event: &Event,
         _tx: &mut AsyncPgConnection,
     ) -> Result<Handled, HandlerError> {
-        // The worker holds one of `slots` while this runs.
+        self.run(event).await
+    }
+
+    fn slots(&self) -> Option<Arc<Semaphore>> {
+        Some(Arc::clone(&self.slots))
+    }
+
+    fn outside_work(&self) -> Option<&dyn OutsideWork> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl OutsideWork for Forward {
+    async fn run(&self, event: &Event) -> Result<Handled, HandlerError> {
+        // The worker holds one of `slots` while this runs, and no database connection.
         let response = self
             .client
             .post(self.settings.url.clone())
@@ -224,10 +240,6 @@ impl Handler for Forward {
             .await
             .map_err(|err| self.unanswered(&err))?;
         self.verdict(&response)
-    }
-
-    fn slots(&self) -> Option<Arc<Semaphore>> {
-        Some(Arc::clone(&self.slots))
     }
 }
 

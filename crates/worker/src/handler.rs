@@ -3,6 +3,10 @@
 //! A handler gets the event and a connection inside the transaction that will also mark the
 //! event done. Whatever it writes there commits together with the completion — or, if the
 //! lease was lost meanwhile, rolls back with it: one business effect per event.
+//!
+//! A handler whose work is wholly outside the database (a forward to another service) offers
+//! it as [`OutsideWork`]: it then runs holding no database connection, and its event is
+//! completed by one statement after it succeeded.
 
 use std::sync::Arc;
 
@@ -148,6 +152,25 @@ pub trait Handler: Send + Sync + 'static {
     fn slots(&self) -> Option<Arc<tokio::sync::Semaphore>> {
         None
     }
+
+    /// The handler's work, when all of it is outside the database (a forward to another
+    /// service): the worker then runs it with no database connection held, for as long as
+    /// its target takes, and completes its event by one statement once it succeeded;
+    /// `handle` is not called. `None` (the default): the work is `handle`'s, in the event's
+    /// transaction.
+    fn outside_work(&self) -> Option<&dyn OutsideWork> {
+        None
+    }
+}
+
+/// Work done outside the database for one event (see [`Handler::outside_work`]). It may run
+/// more than once for an event (a lost lease, a crash before the completion commits), so
+/// its target must apply it once, as a forward's `Idempotency-Key` lets it.
+#[async_trait]
+pub trait OutsideWork: Send + Sync {
+    /// Does the work for `event`; the outcome decides its completion, retry or dead letter
+    /// as [`Handler::handle`]'s does.
+    async fn run(&self, event: &Event) -> Result<Handled, HandlerError>;
 }
 
 /// The `event_type` label of events no route takes. Event types are chosen by the webhook's

@@ -16,5 +16,5 @@ pub mod routes;
 pub mod runner;
 pub mod tls;
 
-pub use handler::{Event, Handled, Handler, HandlerError, RouteMatch, Router};
+pub use handler::{Event, Handled, Handler, HandlerError, OutsideWork, RouteMatch, Router};
 pub use runner::{Worker, WorkerSettings};

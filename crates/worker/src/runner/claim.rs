@@ -16,6 +16,7 @@
 //! transaction's worth of events, and a slot is claimed per `transaction_size` events: the
 //! default concurrency then keeps claims full and many transactions in flight, with no flags.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +26,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use super::batch::Batch;
+use super::lease_keeper::HeldLeases;
 use super::{Worker, WorkerError};
 
 impl Worker {
@@ -37,21 +40,36 @@ impl Worker {
         let per_slot = self.events_per_slot();
         // One permit per attempt in flight.
         let slots = Arc::new(Semaphore::new(concurrency));
+        // Claimed batches waiting for a slot, their leases kept meanwhile.
+        let mut waiting = Waiting::default();
         // Claim in batches: wait for room for this many events unless the worker is idle.
-        // Events of network handlers are claimed as soon as a slot frees: their time goes to
-        // waiting on their targets, and a slot kept free for a bigger claim is time lost.
-        let worth_claiming = if per_slot == 1 {
-            1
+        // Events of network handlers are claimed as soon as there is room: their time goes to
+        // waiting on their targets, and a slot kept free for a bigger claim is time lost. For
+        // them the loop also claims a few events ahead of its free slots, so that a slot
+        // freed starts its next event at once instead of after a claim's round trip.
+        let (worth_claiming, ahead) = if per_slot == 1 {
+            (1, concurrency.div_ceil(4))
         } else {
-            batch_size.min((concurrency * per_slot).div_ceil(2))
+            (batch_size.min((concurrency * per_slot).div_ceil(2)), 0)
         };
+        // The last claim took every due event: no claim until the loop has idled.
+        let mut nothing_more_due = false;
         loop {
             while in_flight.try_join_next().is_some() {}
             if *shutdown.borrow() {
                 break;
             }
-            let free = (slots.available_permits() * per_slot).min(batch_size);
-            if free == 0 || (free < worth_claiming && !in_flight.is_empty()) {
+            self.start_waiting(&mut waiting, &slots, &mut in_flight, &shutdown);
+            if nothing_more_due && waiting.is_empty() {
+                let next_due = self.next_due().await;
+                self.idle(&mut shutdown, next_due).await;
+                nothing_more_due = false;
+                continue;
+            }
+            let room = (slots.available_permits() * per_slot + ahead)
+                .saturating_sub(waiting.events())
+                .min(batch_size);
+            if nothing_more_due || room == 0 || (room < worth_claiming && !in_flight.is_empty()) {
                 tokio::select! {
                     _ = in_flight.join_next() => {}
                     _ = shutdown.changed() => {}
@@ -61,7 +79,7 @@ impl Worker {
             if !self.wait_claim_spacing(&mut shutdown).await {
                 break;
             }
-            let claimed = match self.claim(free).await {
+            let claimed = match self.claim(room).await {
                 Ok(claim) => claim,
                 Err(err) => {
                     tracing::warn!(error = %err, "claiming events failed; retrying after the poll interval");
@@ -69,46 +87,59 @@ impl Worker {
                     continue;
                 }
             };
-            let took_all_due = claimed.events.len() < free;
-            if took_all_due {
+            nothing_more_due = claimed.events.len() < room;
+            if nothing_more_due {
                 self.claim_spacing.note_partial_claim();
             } else {
                 // More may be due: an idle loop joins in rather than waiting for its turn.
                 self.wake.notify_one();
             }
-            if claimed.events.is_empty() {
-                let next_due = self.next_due().await;
-                self.idle(&mut shutdown, next_due).await;
-                continue;
-            }
             let token = claimed.lease_token;
-            if *shutdown.borrow() {
-                // Stopping between claim and start: give the rows back, attempts unspent.
-                let ids: Vec<i64> = claimed.events.iter().map(|row| row.id).collect();
-                self.release(&ids, token).await;
-                break;
-            }
             for batch in self.batches_of(claimed.events) {
-                // Free unless a claim's unrouted events and its shared ones took one slot
-                // more than their count: then the last batch waits for the first to finish.
-                let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
-                    // Cannot happen: the semaphore is never closed.
-                    self.release(&batch.ids(), token).await;
-                    continue;
-                };
-                let worker = self.clone();
-                let shutdown = shutdown.clone();
-                in_flight.spawn(async move {
-                    worker.run_slot(batch, token, &shutdown).await;
-                    drop(permit);
+                let leases = self.leases.hold(batch.ids(), token);
+                waiting.push(Claimed {
+                    batch,
+                    token,
+                    leases,
                 });
             }
-            if took_all_due {
-                let next_due = self.next_due().await;
-                self.idle(&mut shutdown, next_due).await;
-            }
+        }
+        // Stopping: the batches that never started go back, their attempts unspent.
+        while let Some(claimed) = waiting.pop() {
+            self.release(&claimed.batch.ids(), claimed.token).await;
         }
         self.finish_in_flight(in_flight).await;
+    }
+
+    /// Starts waiting batches, oldest first, while the loop has free slots.
+    fn start_waiting(
+        &self,
+        waiting: &mut Waiting,
+        slots: &Arc<Semaphore>,
+        in_flight: &mut JoinSet<()>,
+        shutdown: &watch::Receiver<bool>,
+    ) {
+        while !waiting.is_empty() {
+            let Ok(permit) = Arc::clone(slots).try_acquire_owned() else {
+                return;
+            };
+            let Some(Claimed {
+                batch,
+                token,
+                leases,
+            }) = waiting.pop()
+            else {
+                return;
+            };
+            let worker = self.clone();
+            let shutdown = shutdown.clone();
+            in_flight.spawn(async move {
+                // The attempt keeps the leases from here on.
+                drop(leases);
+                worker.run_slot(batch, token, &shutdown).await;
+                drop(permit);
+            });
+        }
     }
 
     /// On shutdown: waits for the attempts in flight within the shutdown grace, then abandons
@@ -224,5 +255,41 @@ impl ClaimSpacing {
         let last = (*self.last_partial_claim.lock().ok()?)?;
         let at = last + spacing;
         (at > Instant::now()).then_some(at)
+    }
+}
+
+/// A batch claimed under `token` and not started yet, its leases kept meanwhile.
+struct Claimed {
+    batch: Batch,
+    token: Uuid,
+    leases: HeldLeases,
+}
+
+/// A claim loop's batches waiting for a slot, oldest first.
+#[derive(Default)]
+struct Waiting {
+    batches: VecDeque<Claimed>,
+    events: usize,
+}
+
+impl Waiting {
+    fn push(&mut self, claimed: Claimed) {
+        self.events += claimed.batch.len();
+        self.batches.push_back(claimed);
+    }
+
+    fn pop(&mut self) -> Option<Claimed> {
+        let claimed = self.batches.pop_front()?;
+        self.events -= claimed.batch.len();
+        Some(claimed)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.batches.is_empty()
+    }
+
+    /// Events of the waiting batches.
+    fn events(&self) -> usize {
+        self.events
     }
 }

@@ -70,30 +70,13 @@ impl Worker {
         }
     }
 
-    /// Completes events that no handler takes, as ignored: one statement, no transaction
-    /// around it, since there is no effect to commit with it; with their keys' next events
-    /// handed on in the same transaction when some are ordered.
+    /// Completes events that no handler takes, as ignored (see [`Self::complete_alone`]).
     pub(super) async fn complete_unrouted(
         &self,
         events: &[Event],
         token: Uuid,
     ) -> Result<Committed, AttemptError> {
-        let mut conn = self.connection().await?;
-        let ids: Vec<i64> = events.iter().map(|event| event.id).collect();
-        let keys: Vec<&str> = events
-            .iter()
-            .filter_map(|event| event.ordering_key.as_deref())
-            .collect();
-        let handed_on = if keys.is_empty() {
-            complete(&mut conn, &ids, token, false).await?;
-            Vec::new()
-        } else {
-            conn.transaction::<_, AttemptError, _>(async |tx| {
-                complete(tx, &ids, token, true).await?;
-                Ok(self.hand_on(tx, &keys, token).await?)
-            })
-            .await?
-        };
+        let handed_on = self.complete_alone(events, token).await?;
         Ok(Committed {
             outcomes: events
                 .iter()
@@ -101,6 +84,56 @@ impl Worker {
                 .collect(),
             handed_on,
         })
+    }
+
+    /// Runs an event whose handler works outside the database ([`Handler::outside_work`]):
+    /// the work first, holding no connection however long its target takes, then, if it
+    /// succeeded, the completion (see [`Self::complete_alone`]).
+    pub(super) async fn run_outside(
+        &self,
+        routed: &Routed,
+        token: Uuid,
+        session: &AttemptSession,
+    ) -> Result<Committed, AttemptError> {
+        let Some(work) = routed.handler.outside_work() else {
+            return self
+                .run_transaction(std::slice::from_ref(routed), token, session)
+                .await;
+        };
+        let run = AssertUnwindSafe(work.run(&routed.event)).catch_unwind();
+        let handled = self.guarded(run, session).await?;
+        let handed_on = self
+            .complete_alone(std::slice::from_ref(&routed.event), token)
+            .await?;
+        Ok(Committed {
+            outcomes: vec![Outcome::Done(handled)],
+            handed_on,
+        })
+    }
+
+    /// Completes `events`, which have no effect to commit with them: one statement, no
+    /// transaction around it; with their keys' next events handed on in the same transaction
+    /// when some are ordered.
+    async fn complete_alone(
+        &self,
+        events: &[Event],
+        token: Uuid,
+    ) -> Result<Vec<ClaimedEvent>, AttemptError> {
+        let mut conn = self.connection().await?;
+        let ids: Vec<i64> = events.iter().map(|event| event.id).collect();
+        let keys: Vec<&str> = events
+            .iter()
+            .filter_map(|event| event.ordering_key.as_deref())
+            .collect();
+        if keys.is_empty() {
+            complete(&mut conn, &ids, token, false).await?;
+            return Ok(Vec::new());
+        }
+        conn.transaction::<_, AttemptError, _>(async |tx| {
+            complete(tx, &ids, token, true).await?;
+            Ok(self.hand_on(tx, &keys, token).await?)
+        })
+        .await
     }
 
     /// The next events of `keys`, whose events this transaction completed, claimed under
