@@ -238,9 +238,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             every: Duration::from_secs(15 * 60),
         }),
     };
-    // Every event in flight may hold a connection (handlers that are not batchable get a
-    // transaction each), plus the claim loops and housekeeping; the lease keeper has a
-    // connection of its own.
+    // Every attempt in flight may hold a connection (a transaction each for database
+    // handlers, a completion for forwards), plus the claim loops and housekeeping; the lease
+    // keeper has a connection of its own.
     let mut db = args.db.clone();
     let needed = u32::from(args.concurrency) + 4;
     if db.db_pool_size < needed {
