@@ -10,6 +10,7 @@ use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use inbox_core::inbox::{insert_events, NewEvent};
 use inbox_tests::*;
 use test_db::TestDatabase;
+use worker::Router;
 
 #[derive(Debug, Clone)]
 struct Received {
@@ -258,8 +259,11 @@ async fn hold(target: web::Data<HeldTarget>) -> HttpResponse {
     HttpResponse::Ok().finish()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_waiting_for_a_routes_max_in_flight_slot_hold_no_database_connection() {
+/// A [`HeldTarget`] serving on a port of its own, and a router forwarding every event to it
+/// with `route_options` (TOML lines) in its route.
+fn start_held_target(
+    route_options: &str,
+) -> (web::Data<HeldTarget>, actix_web::dev::ServerHandle, Router) {
     let target = web::Data::new(HeldTarget::default());
     let server = {
         let target = target.clone();
@@ -278,16 +282,27 @@ async fn events_waiting_for_a_routes_max_in_flight_slot_hold_no_database_connect
     let handle = server.handle();
     tokio::spawn(server);
     let routes = format!(
-        "[[routes]]\nhandler = \"forward\"\nurl = \"http://{addr}/slow\"\nmax_in_flight = 1\ntimeout = \"30s\"\n"
+        "[[routes]]\nhandler = \"forward\"\nurl = \"http://{addr}/slow\"\ntimeout = \"30s\"\n{route_options}"
     );
     let router =
         worker::routes::parse_routes(&routes, std::path::Path::new("routes.toml")).unwrap();
-    let db = TestDatabase::new().await;
-    let mut conn = db.connect().await;
-    let events: Vec<NewEvent> = (0..6)
+    (target, handle, router)
+}
+
+/// `n` events of type `slow.thing`: `evt_0`, `evt_1` and on.
+async fn insert_slow_events(conn: &mut diesel_async::AsyncPgConnection, n: usize) {
+    let events: Vec<NewEvent> = (0..n)
         .map(|n| event(&format!("evt_{n}"), "slow.thing"))
         .collect();
-    insert_events(&mut conn, &events).await.unwrap();
+    insert_events(conn, &events).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_waiting_for_a_routes_max_in_flight_slot_hold_no_database_connection() {
+    let (target, handle, router) = start_held_target("max_in_flight = 1\n");
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    insert_slow_events(&mut conn, 6).await;
     let mut settings = worker_settings("w1");
     settings.claimers = 1;
     let worker = RunningWorker::start(&db, router, settings);
@@ -330,34 +345,10 @@ async fn events_waiting_for_a_routes_max_in_flight_slot_hold_no_database_connect
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_claimed_ahead_of_a_free_slot_are_kept_leased_and_go_back_unspent_at_shutdown() {
-    let target = web::Data::new(HeldTarget::default());
-    let server = {
-        let target = target.clone();
-        HttpServer::new(move || {
-            App::new()
-                .app_data(target.clone())
-                .default_service(web::to(hold))
-        })
-        .workers(1)
-        .disable_signals()
-        .bind("127.0.0.1:0")
-        .unwrap()
-    };
-    let addr = server.addrs()[0];
-    let server = server.run();
-    let handle = server.handle();
-    tokio::spawn(server);
-    let routes = format!(
-        "[[routes]]\nhandler = \"forward\"\nurl = \"http://{addr}/slow\"\ntimeout = \"30s\"\n"
-    );
-    let router =
-        worker::routes::parse_routes(&routes, std::path::Path::new("routes.toml")).unwrap();
+    let (target, handle, router) = start_held_target("");
     let db = TestDatabase::new().await;
     let mut conn = db.connect().await;
-    let events: Vec<NewEvent> = (0..10)
-        .map(|n| event(&format!("evt_{n}"), "slow.thing"))
-        .collect();
-    insert_events(&mut conn, &events).await.unwrap();
+    insert_slow_events(&mut conn, 10).await;
     let mut settings = worker_settings("w1");
     settings.concurrency = 4;
     settings.claimers = 1;
