@@ -89,27 +89,34 @@ struct TargetServer {
 
 fn start_target() -> TargetServer {
     let target = web::Data::new(Target::default());
-    let server = {
+    let (addr, handle) = serve({
         let target = target.clone();
-        HttpServer::new(move || {
-            App::new()
-                .app_data(target.clone())
-                .default_service(web::to(record))
-        })
-        .workers(1)
-        .disable_signals()
-        .bind("127.0.0.1:0")
-        .unwrap()
-    };
-    let addr = server.addrs()[0];
-    let server = server.run();
-    let handle = server.handle();
-    tokio::spawn(server);
+        move |app| {
+            app.app_data(target.clone())
+                .default_service(web::to(record));
+        }
+    });
     TargetServer {
         addr,
         target,
         handle,
     }
+}
+
+/// An HTTP server of one worker on a port of its own, its app set up by `configure`.
+fn serve(
+    configure: impl Fn(&mut web::ServiceConfig) + Clone + Send + 'static,
+) -> (std::net::SocketAddr, actix_web::dev::ServerHandle) {
+    let server = HttpServer::new(move || App::new().configure(configure.clone()))
+        .workers(1)
+        .disable_signals()
+        .bind("127.0.0.1:0")
+        .unwrap();
+    let addr = server.addrs()[0];
+    let server = server.run();
+    let handle = server.handle();
+    tokio::spawn(server);
+    (addr, handle)
 }
 
 /// Time between the first and the second request the target received on `path`.
@@ -265,22 +272,12 @@ fn start_held_target(
     route_options: &str,
 ) -> (web::Data<HeldTarget>, actix_web::dev::ServerHandle, Router) {
     let target = web::Data::new(HeldTarget::default());
-    let server = {
+    let (addr, handle) = serve({
         let target = target.clone();
-        HttpServer::new(move || {
-            App::new()
-                .app_data(target.clone())
-                .default_service(web::to(hold))
-        })
-        .workers(1)
-        .disable_signals()
-        .bind("127.0.0.1:0")
-        .unwrap()
-    };
-    let addr = server.addrs()[0];
-    let server = server.run();
-    let handle = server.handle();
-    tokio::spawn(server);
+        move |app| {
+            app.app_data(target.clone()).default_service(web::to(hold));
+        }
+    });
     let routes = format!(
         "[[routes]]\nhandler = \"forward\"\nurl = \"http://{addr}/slow\"\ntimeout = \"30s\"\n{route_options}"
     );
