@@ -129,12 +129,12 @@ impl Worker {
             Batch::Unrouted(events) => self.complete_unrouted(events, token).await,
             Batch::Routed(routed) => {
                 let _slots = self.route_slots(routed).await;
-                match routed.as_slice() {
-                    [one] if one.handler.outside_work().is_some() => {
-                        self.run_outside(one, token, session).await
+                if let [one] = routed.as_slice() {
+                    if let Some(work) = one.handler.outside_work() {
+                        return self.run_outside(one, work, token, session).await;
                     }
-                    _ => self.run_transaction(routed, token, session).await,
                 }
+                self.run_transaction(routed, token, session).await
             }
         }
     }

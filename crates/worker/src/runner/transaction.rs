@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::batch::Routed;
 use super::session::{self, AttemptSession};
 use super::{AttemptError, Worker, WorkerError};
-use crate::handler::{Event, Handled, Handler, HandlerError};
+use crate::handler::{Event, Handled, Handler, HandlerError, OutsideWork};
 use crate::limits::AttemptLimits;
 
 /// Whether the events of a transaction run in savepoints of their own.
@@ -86,20 +86,16 @@ impl Worker {
         })
     }
 
-    /// Runs an event whose handler works outside the database ([`Handler::outside_work`]):
-    /// the work first, holding no connection however long its target takes, then, if it
-    /// succeeded, the completion (see [`Self::complete_alone`]).
+    /// Runs an event whose handler works outside the database (`work`, its
+    /// [`Handler::outside_work`]): the work first, holding no connection however long its
+    /// target takes, then, if it succeeded, the completion (see [`Self::complete_alone`]).
     pub(super) async fn run_outside(
         &self,
         routed: &Routed,
+        work: &dyn OutsideWork,
         token: Uuid,
         session: &AttemptSession,
     ) -> Result<Committed, AttemptError> {
-        let Some(work) = routed.handler.outside_work() else {
-            return self
-                .run_transaction(std::slice::from_ref(routed), token, session)
-                .await;
-        };
         let run = AssertUnwindSafe(work.run(&routed.event)).catch_unwind();
         let handled = self.guarded(run, session).await?;
         let handed_on = self
