@@ -1,6 +1,8 @@
--- The worker's loop at its cheapest: claim 100 due queue rows under a lease, returning each
--- event's journal columns and body (one statement, its own commit), then complete them, fenced
--- by the lease token: queue rows deleted, finished rows written (a second statement and commit).
+-- The worker's loop at its cheapest: claim 100 due queue rows under a lease, reading each
+-- event's journal columns and body (one statement, its own commit), then complete them by id,
+-- fenced by the lease token, as the worker does: queue rows deleted, finished rows written (a
+-- second statement and commit). pgbench keeps one row of a result, so the claim hands the
+-- completion its ids as one array (a parameter: run it with `-M prepared` or `-M extended`).
 \set tag random(1, 2000000000)
 WITH claimed AS (
     UPDATE inbox_queue AS queue
@@ -9,14 +11,18 @@ WITH claimed AS (
     WHERE queue.id = ANY(ARRAY(SELECT id FROM inbox_queue WHERE status = 0 AND next_attempt_at <= now()
                                ORDER BY next_attempt_at LIMIT 100 FOR UPDATE SKIP LOCKED))
     RETURNING queue.id, queue.attempt, queue.next_attempt_at
+), read AS (
+    SELECT event.id, event.provider, event.event_id, event.event_type, event.received_at,
+           event.headers, event.body, claimed.attempt
+    FROM claimed JOIN inbox_events AS event ON event.id = claimed.id
+    ORDER BY claimed.next_attempt_at, event.id
 )
-SELECT event.id, event.provider, event.event_id, event.event_type, event.received_at,
-       event.headers, event.body, claimed.attempt
-FROM claimed JOIN inbox_events AS event ON event.id = claimed.id
-ORDER BY claimed.next_attempt_at, event.id;
+SELECT coalesce(array_agg(id), '{}') AS ids, sum(length(body) + length(headers::text)) AS bytes FROM read
+\gset
 WITH completed AS (
     DELETE FROM inbox_queue
-    WHERE lease_token = md5(:client_id || '-' || :tag)::uuid AND status = 1
+    WHERE id = ANY(:ids::bigint[]) AND lease_token = md5(:client_id || '-' || :tag)::uuid
+      AND status = 1
     RETURNING id, attempt, locked_by
 )
 INSERT INTO inbox_finished (id, status, attempt, locked_by, processed_at)
