@@ -389,37 +389,17 @@ async fn payment_events_reach_the_same_state_in_either_order_and_each_refund_cou
         }
     };
     let mut conn = db.connect().await;
-    // In order for pay_a, refund first for pay_b, and two refunds of pay_c.
-    insert_events(
-        &mut conn,
-        &[payment("e1", "payment.succeeded", "pay_a", 1000)],
-    )
-    .await
-    .unwrap();
-    insert_events(
-        &mut conn,
-        &[payment("e2", "payment.refunded", "pay_b", 1000)],
-    )
-    .await
-    .unwrap();
-    insert_events(
-        &mut conn,
-        &[payment("e3", "payment.succeeded", "pay_c", 1000)],
-    )
-    .await
-    .unwrap();
-    insert_events(
-        &mut conn,
-        &[payment("e4", "payment.refunded", "pay_c", 300)],
-    )
-    .await
-    .unwrap();
-    insert_events(
-        &mut conn,
-        &[payment("e5", "payment.refunded", "pay_c", 300)],
-    )
-    .await
-    .unwrap();
+    // In order for pay_a, refund first for pay_b, and two refunds of pay_c; one statement
+    // each, so they arrive (and are claimed) in this order.
+    for event in [
+        payment("e1", "payment.succeeded", "pay_a", 1000),
+        payment("e2", "payment.refunded", "pay_b", 1000),
+        payment("e3", "payment.succeeded", "pay_c", 1000),
+        payment("e4", "payment.refunded", "pay_c", 300),
+        payment("e5", "payment.refunded", "pay_c", 300),
+    ] {
+        insert_events(&mut conn, &[event]).await.unwrap();
+    }
     let mut settings = worker_settings("w1");
     settings.concurrency = 1;
     let worker = RunningWorker::start(&db, demo_router(), settings);
