@@ -261,6 +261,7 @@ pub fn serve_args_for_database(
         ingest_mode: mode,
         max_batch: 256,
         commit_writers: 4,
+        notify_spacing: Duration::from_millis(2),
         db_deadline: Duration::from_secs(3),
         max_body_bytes: 1024 * 1024,
         max_head_bytes: receiver::server::DEFAULT_MAX_HEAD_BYTES,

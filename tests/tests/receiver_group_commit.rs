@@ -232,3 +232,83 @@ async fn a_redelivery_with_another_body_is_a_counted_duplicate_with_group_commit
 async fn a_redelivery_with_another_body_is_a_counted_duplicate_per_request() {
     a_redelivery_with_another_body_is_a_counted_duplicate(IngestMode::PerRequest).await;
 }
+
+/// Listens on the workers' channel and sends the arrival time of each notification.
+async fn listen_for_notifications(
+    db: &TestDatabase,
+) -> (
+    tokio_postgres::Client,
+    tokio::sync::mpsc::UnboundedReceiver<Instant>,
+) {
+    let (client, mut connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (arrivals, received) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(_) = message {
+                let _ = arrivals.send(Instant::now());
+            }
+        }
+    });
+    client
+        .batch_execute(&format!("LISTEN {}", inbox_core::NOTIFY_CHANNEL))
+        .await
+        .unwrap();
+    (client, received)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_to_the_workers_are_spaced_and_cover_every_commit_meanwhile() {
+    let db = TestDatabase::new().await;
+    let spacing = Duration::from_millis(500);
+    let mut args = serve_args(&db, IngestMode::GroupCommit);
+    args.notify_spacing = spacing;
+    let receiver = TestReceiver::start(
+        args,
+        providers(DEMO_PROVIDERS, &[("DEMO_SECRET", DEMO_SECRET)]),
+    )
+    .await;
+    let (_listening, mut notifications) = listen_for_notifications(&db).await;
+    let next = async |notifications: &mut tokio::sync::mpsc::UnboundedReceiver<Instant>| {
+        tokio::time::timeout(Duration::from_secs(10), notifications.recv())
+            .await
+            .expect("a notification within 10 s")
+            .unwrap()
+    };
+    let accepted = (200, json!({"status": "accepted"}));
+
+    let sent = Instant::now();
+    assert_eq!(post(&receiver, event("evt-quiet", "")).await, accepted);
+    let first = next(&mut notifications).await;
+    assert!(
+        first - sent < spacing,
+        "the first commit after a quiet spell notifies at once ({:?})",
+        first - sent
+    );
+
+    // Twenty commits one after another, each of which asks for a notification.
+    for n in 0..20 {
+        assert_eq!(
+            post(&receiver, event(&format!("evt-flow-{n}"), "")).await,
+            accepted
+        );
+    }
+    let second = next(&mut notifications).await;
+    assert!(
+        second - first >= spacing,
+        "the next notification waits for the spacing ({:?})",
+        second - first
+    );
+    assert_eq!(post(&receiver, event("evt-last", "")).await, accepted);
+    let third = next(&mut notifications).await;
+    assert!(third - second >= spacing);
+    // Had each commit queued a notification of its own, they would go on arriving a spacing
+    // apart.
+    assert!(
+        tokio::time::timeout(spacing * 3, notifications.recv())
+            .await
+            .is_err(),
+        "the commits within a spacing share one notification"
+    );
+}

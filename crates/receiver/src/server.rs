@@ -58,10 +58,16 @@ pub struct ServeArgs {
     #[arg(long, env = "RECEIVER_MAX_BATCH", default_value_t = DEFAULT_MAX_BATCH, value_parser = clap::value_parser!(u16).range(1..).map(usize::from))]
     pub max_batch: usize,
     /// Concurrent group-commit writers (each holds one database connection while writing).
-    /// Two keep one batch in flight while the next gathers; more help only when commits are
-    /// slow (remote storage) and the database has cores to spare.
+    /// With one, the requests arriving while a batch is written gather into the next; more
+    /// write smaller batches side by side, which helps only when commits are slow (remote
+    /// storage) and the database has cores to spare.
     #[arg(long, env = "RECEIVER_COMMIT_WRITERS", default_value_t = DEFAULT_WRITERS, value_parser = clap::value_parser!(u16).range(1..).map(usize::from))]
     pub commit_writers: usize,
+    /// Shortest time between two notifications that wake the workers (LISTEN/NOTIFY, one
+    /// small commit each). The first after a quiet spell goes at once; under a steady flow
+    /// the events committed meanwhile share the next one. 0s notifies after every commit.
+    #[arg(long, env = "RECEIVER_NOTIFY_SPACING", value_parser = humantime::parse_duration, default_value = "2ms")]
+    pub notify_spacing: Duration,
     /// Longest a request waits for its events to be committed, counted once from its arrival
     /// (its head received, before its body is read): receiving and verifying its body,
     /// waiting for a writer, for a connection and for the statement all come out of it. Past
@@ -166,6 +172,7 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
             max_batch: args.max_batch,
             max_batch_bytes: args.max_batch_bytes,
             writers: args.commit_writers,
+            notify_spacing: args.notify_spacing,
         },
         pool.clone(),
         Some(connection),

@@ -36,10 +36,11 @@ use write::Store;
 
 /// Default largest number of events stored by one statement.
 pub const DEFAULT_MAX_BATCH: usize = 256;
-/// Default number of concurrent group-commit writers: one writing while the other gathers
-/// the next batch. More writers mean smaller batches, so more statements and commits for the
-/// same load (see `bench/history.md`).
-pub const DEFAULT_WRITERS: usize = 2;
+/// Default number of concurrent group-commit writers: one, so that the requests arriving
+/// while a batch is written all go into the next one. More writers mean smaller batches, so
+/// more statements and commits for the same load, which cost the database more CPU than the
+/// overlap saves where commits are fast (see `bench/history.md`).
+pub const DEFAULT_WRITERS: usize = 1;
 /// Events that may wait for a writer before new requests are turned away with 503.
 const QUEUE_CAPACITY: usize = 8_192;
 
@@ -141,6 +142,8 @@ pub struct IngestSettings {
     pub max_batch_bytes: usize,
     /// Group-commit writer tasks.
     pub writers: usize,
+    /// Shortest time between two notifications that wake the workers.
+    pub notify_spacing: Duration,
 }
 
 impl Ingestor {
@@ -154,7 +157,7 @@ impl Ingestor {
         connection: Option<ConnectionSettings>,
         metrics: Metrics,
     ) -> Self {
-        let notifier = Notifier::start(pool.clone());
+        let notifier = Notifier::start(pool.clone(), settings.notify_spacing);
         let store = Store {
             pool,
             notifier,
