@@ -614,6 +614,43 @@ async fn events_no_route_takes_hand_their_key_on_as_well() {
     assert_eq!(worker.stop().await.handed_on.get(), EVENTS as u64 - 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_key_handed_on_from_event_to_event_wakes_no_idle_claim_loop() {
+    const EVENTS: i64 = 100;
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let events: Vec<NewEvent> = (1..=EVENTS)
+        .map(|sequence| ordered_event("hot", sequence, Duration::ZERO))
+        .collect();
+    insert_events(&mut conn, &events).await.unwrap();
+    let mut settings = worker_settings("w-quiet");
+    settings.claimers = 4;
+    // Nothing but a wake-up makes an idle loop claim, and nothing spaces its claims.
+    settings.poll_interval = Duration::from_secs(600);
+    settings.claim_spacing = Duration::ZERO;
+    let worker = RunningWorker::start(&db, Router::new(), settings);
+    wait_for_count(
+        &mut conn,
+        "the key is drained",
+        "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
+        EVENTS,
+        Duration::from_secs(60),
+    )
+    .await;
+    let metrics = worker.stop().await;
+    assert_eq!(metrics.handed_on.get(), EVENTS as u64 - 1);
+    let claims: u64 = ["none", "some", "full"]
+        .iter()
+        .map(|found| metrics.claims.with_label_values(&[found]).get())
+        .sum();
+    // A few at the start and once the key is free; woken at every event, the three idle
+    // loops would have claimed about three hundred times, finding nothing.
+    assert!(
+        claims < 20,
+        "{claims} claims for {EVENTS} events of one key"
+    );
+}
+
 /// One `demo_ledger` line, with the trace it keeps of an ordered event.
 #[derive(Debug, PartialEq, Eq, diesel::QueryableByName)]
 struct LedgerTrace {

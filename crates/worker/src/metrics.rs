@@ -23,6 +23,10 @@ pub struct Metrics {
     /// `inbox_worker_handed_on_total`: events of ordered keys claimed by the transaction that
     /// completed their key's previous event, and run in the same slot without a claim.
     pub handed_on: IntCounter,
+    /// `inbox_worker_claims_total{found}`: claims of due events, by what they found: `none`,
+    /// `some` (fewer than they asked for: every due event) or `full`. Claims that find none
+    /// cost the database a round trip each.
+    pub claims: IntCounterVec,
     /// `inbox_worker_rescued_total{to}`: expired leases returned to ready or dead-lettered.
     pub rescued: IntCounterVec,
     /// `inbox_worker_stale_events_total{provider,handling}`: late arrivals of ordered providers
@@ -101,6 +105,14 @@ impl Metrics {
             "Events of ordered keys claimed by the transaction that completed their key's previous event.",
         )
         .unwrap_or_else(|err| panic!("{err}"));
+        let claims = IntCounterVec::new(
+            Opts::new(
+                "worker_claims_total",
+                "Claims of due events, by what they found: none, some (every due event) or full.",
+            ),
+            &["found"],
+        )
+        .unwrap_or_else(|err| panic!("{err}"));
         let rescued = IntCounterVec::new(
             Opts::new(
                 "worker_rescued_total",
@@ -174,6 +186,7 @@ impl Metrics {
             lease_lost: register(&registry, lease_lost),
             savepoint_reruns: register(&registry, savepoint_reruns),
             handed_on: register(&registry, handed_on),
+            claims: register(&registry, claims),
             rescued: register(&registry, rescued),
             stale: register(&registry, stale),
             registry,

@@ -3,6 +3,7 @@
 //! letter, or nothing at all when the lease was lost (the transaction rolled back and the
 //! row belongs to whoever holds it now).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -77,10 +78,11 @@ impl Worker {
                 Err(AttemptError::Worker(WorkerError::LeaseLost))
             }
         };
-        let ordered = batch
+        let ordered_keys: HashSet<String> = batch
             .events()
             .iter()
-            .any(|event| event.ordering_key.is_some());
+            .filter_map(|event| event.ordering_key.clone())
+            .collect();
         let elapsed = started.elapsed().as_secs_f64() / batch.len() as f64;
         for event in batch.events() {
             self.metrics
@@ -111,8 +113,16 @@ impl Worker {
         };
         // Keys not handed on are free again (a failed event's retry, a key with nothing
         // due): this worker's idle claim loops look for their next events at once (other
-        // replicas at their next claim or poll).
-        if ordered {
+        // replicas at their next claim or poll). A key handed on is still this slot's, so a
+        // busy key's events do not wake every idle loop into an empty claim each.
+        let still_held: HashSet<&str> = handed_on
+            .iter()
+            .filter_map(|event| event.ordering_key.as_deref())
+            .collect();
+        if ordered_keys
+            .iter()
+            .any(|key| !still_held.contains(key.as_str()))
+        {
             self.wake.notify_waiters();
         }
         handed_on

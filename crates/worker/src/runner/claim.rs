@@ -88,6 +88,12 @@ impl Worker {
                 }
             };
             nothing_more_due = claimed.events.len() < room;
+            let found = match claimed.events.len() {
+                0 => "none",
+                _ if nothing_more_due => "some",
+                _ => "full",
+            };
+            self.metrics.claims.with_label_values(&[found]).inc();
             if nothing_more_due {
                 self.claim_spacing.note_partial_claim();
             } else {
