@@ -45,7 +45,7 @@ w(f"Machine: {machine.get('cpus')} CPUs ({machine.get('cpu_model')}), {machine.g
   f"synchronous_commit on); run {machine.get('date')}. Everything (load generator, receiver, worker, "
   "database) shares the same cores, so only ratios from this one run are meaningful.")
 w("")
-w(f"Settings: receiver `{settings.get('receiver', '')}` (otherwise defaults: group commit with 2 writers, "
+w(f"Settings: receiver `{settings.get('receiver', '')}` (otherwise defaults: group commit with 1 writer, "
   f"batches up to 256); worker `{settings.get('worker', '')}`; {settings.get('seconds_per_run')} s per measured run "
   "after a 2 s warm-up; before every run the tables are emptied, vacuumed and checkpointed; PostgreSQL profile "
   "`bench` of `scripts/local-postgres`.")

@@ -8,7 +8,8 @@ WITH claimed AS (
     UPDATE inbox_queue AS queue
     SET status = 1, attempt = queue.attempt + 1, lease_token = md5(:client_id || '-' || :tag)::uuid,
         locked_by = 'pgbench', locked_until = now() + interval '30 seconds'
-    WHERE queue.id = ANY(ARRAY(SELECT id FROM inbox_queue WHERE status = 0 AND next_attempt_at <= now()
+    WHERE queue.id = ANY(ARRAY(SELECT id FROM inbox_queue
+                               WHERE status = 0 AND ordering_key IS NULL AND next_attempt_at <= now()
                                ORDER BY next_attempt_at LIMIT 100 FOR UPDATE SKIP LOCKED))
     RETURNING queue.id, queue.attempt, queue.next_attempt_at
 ), read AS (
