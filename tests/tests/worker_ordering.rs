@@ -16,7 +16,8 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use test_db::TestDatabase;
-use worker::{Event, Handled, Handler, HandlerError, Router};
+use worker::metrics::Metrics as WorkerMetrics;
+use worker::{Event, Handled, Handler, HandlerError, Router, WorkerSettings};
 
 const PROVIDER: &str = "ordered";
 
@@ -593,51 +594,43 @@ async fn a_busy_keys_next_event_is_handed_on_by_the_transaction_that_completes_t
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_no_route_takes_hand_their_key_on_as_well() {
-    const EVENTS: i64 = 100;
+/// Inserts `events` events of one key no route takes, drains them with one worker of
+/// `settings` and returns its metrics.
+async fn drain_one_unrouted_key(key: &str, events: i64, settings: WorkerSettings) -> WorkerMetrics {
     let db = TestDatabase::new().await;
     let mut conn = db.connect().await;
-    let events: Vec<NewEvent> = (1..=EVENTS)
-        .map(|sequence| ordered_event("unrouted", sequence, Duration::ZERO))
+    let ordered: Vec<NewEvent> = (1..=events)
+        .map(|sequence| ordered_event(key, sequence, Duration::ZERO))
         .collect();
-    insert_events(&mut conn, &events).await.unwrap();
-    let worker = RunningWorker::start(&db, Router::new(), worker_settings("w-unrouted"));
-    wait_for_count(
-        &mut conn,
-        "the key is drained",
-        "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
-        EVENTS,
-        Duration::from_secs(60),
-    )
-    .await;
-    assert_eq!(worker.stop().await.handed_on.get(), EVENTS as u64 - 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_busy_key_handed_on_from_event_to_event_wakes_no_idle_claim_loop() {
-    const EVENTS: i64 = 100;
-    let db = TestDatabase::new().await;
-    let mut conn = db.connect().await;
-    let events: Vec<NewEvent> = (1..=EVENTS)
-        .map(|sequence| ordered_event("hot", sequence, Duration::ZERO))
-        .collect();
-    insert_events(&mut conn, &events).await.unwrap();
-    let mut settings = worker_settings("w-quiet");
-    settings.claimers = 4;
-    // Nothing but a wake-up makes an idle loop claim, and nothing spaces its claims.
-    settings.poll_interval = Duration::from_secs(600);
-    settings.claim_spacing = Duration::ZERO;
+    insert_events(&mut conn, &ordered).await.unwrap();
     let worker = RunningWorker::start(&db, Router::new(), settings);
     wait_for_count(
         &mut conn,
         "the key is drained",
         "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
-        EVENTS,
+        events,
         Duration::from_secs(60),
     )
     .await;
-    let metrics = worker.stop().await;
+    worker.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_no_route_takes_hand_their_key_on_as_well() {
+    const EVENTS: i64 = 100;
+    let metrics = drain_one_unrouted_key("unrouted", EVENTS, worker_settings("w-unrouted")).await;
+    assert_eq!(metrics.handed_on.get(), EVENTS as u64 - 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_key_handed_on_from_event_to_event_wakes_no_idle_claim_loop() {
+    const EVENTS: i64 = 100;
+    let mut settings = worker_settings("w-quiet");
+    settings.claimers = 4;
+    // Nothing but a wake-up makes an idle loop claim, and nothing spaces its claims.
+    settings.poll_interval = Duration::from_secs(600);
+    settings.claim_spacing = Duration::ZERO;
+    let metrics = drain_one_unrouted_key("hot", EVENTS, settings).await;
     assert_eq!(metrics.handed_on.get(), EVENTS as u64 - 1);
     let claims: u64 = ["none", "some", "full"]
         .iter()
