@@ -722,3 +722,147 @@ async fn the_demo_handler_traces_each_ordered_event_with_its_key_sequence_stale_
         ]
     );
 }
+
+/// Writes a `handled` line for each event in the attempt's transaction: its event id, its
+/// sequence and the transaction's id; fails the events of `failures` (retryable) as many
+/// times as it says.
+#[derive(Default)]
+struct TransactionTracer {
+    failures: Mutex<HashMap<String, usize>>,
+}
+
+const HANDLED_TABLE: &str = "CREATE TABLE handled ( \
+     line bigserial PRIMARY KEY, event_id text NOT NULL UNIQUE, sequence bigint NOT NULL, \
+     transaction_id bigint NOT NULL)";
+
+#[async_trait]
+impl Handler for TransactionTracer {
+    async fn handle(
+        &self,
+        event: &Event,
+        conn: &mut AsyncPgConnection,
+    ) -> Result<Handled, HandlerError> {
+        let fails = match self.failures.lock().unwrap().get_mut(&event.event_id) {
+            Some(left) if *left > 0 => {
+                *left -= 1;
+                true
+            }
+            _ => false,
+        };
+        if fails {
+            return Err(HandlerError::Retryable("not yet".into()));
+        }
+        diesel_async::RunQueryDsl::execute(
+            diesel::sql_query(
+                "INSERT INTO handled (event_id, sequence, transaction_id) \
+                 VALUES ($1, $2, txid_current())",
+            )
+            .bind::<diesel::sql_types::Text, _>(&event.event_id)
+            .bind::<diesel::sql_types::BigInt, _>(event.sequence.unwrap()),
+            conn,
+        )
+        .await
+        .map_err(|err| HandlerError::Retryable(err.to_string()))?;
+        Ok(Handled::Applied)
+    }
+
+    fn batchable(&self) -> bool {
+        true
+    }
+}
+
+/// Drains `events` events of one key through `tracer` with one worker of transactions of
+/// `transaction_size`; returns the sequences in the order their lines were written and the
+/// number of transactions that wrote them.
+async fn drain_traced_key(
+    db: &TestDatabase,
+    tracer: &Arc<TransactionTracer>,
+    events: i64,
+    transaction_size: usize,
+) -> (Vec<i64>, i64) {
+    let mut conn = db.connect().await;
+    diesel_async::RunQueryDsl::execute(diesel::sql_query(HANDLED_TABLE), &mut conn)
+        .await
+        .unwrap();
+    let ordered: Vec<NewEvent> = (1..=events)
+        .map(|sequence| ordered_event("traced", sequence, Duration::ZERO))
+        .collect();
+    insert_events(&mut conn, &ordered).await.unwrap();
+    let router = Router::new().route(None, None, Arc::clone(tracer) as Arc<dyn Handler>);
+    let mut settings = worker_settings("w-traced");
+    settings.transaction_size = transaction_size;
+    let worker = RunningWorker::start(db, router, settings);
+    wait_for_count(
+        &mut conn,
+        "the key is drained",
+        "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
+        events,
+        Duration::from_secs(60),
+    )
+    .await;
+    worker.stop().await;
+    #[derive(diesel::QueryableByName)]
+    struct Line {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        sequence: i64,
+    }
+    let lines: Vec<Line> = diesel_async::RunQueryDsl::load(
+        diesel::sql_query("SELECT sequence FROM handled ORDER BY line"),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    let transactions = count(
+        &mut conn,
+        "SELECT count(DISTINCT transaction_id) AS n FROM handled",
+    )
+    .await;
+    (
+        lines.iter().map(|line| line.sequence).collect(),
+        transactions,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_keys_events_handed_on_run_in_the_transaction_that_handed_them_on() {
+    const EVENTS: i64 = 100;
+    let db = TestDatabase::new().await;
+    let tracer = Arc::new(TransactionTracer::default());
+    let (sequences, transactions) = drain_traced_key(&db, &tracer, EVENTS, 10).await;
+    assert_eq!(sequences, (1..=EVENTS).collect::<Vec<_>>());
+    // Ten events a transaction (its size): one commit per event would make a hundred.
+    assert!(
+        transactions <= 12,
+        "{transactions} transactions for {EVENTS} events of one key"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_event_handed_on_in_a_transaction_costs_the_events_before_it_nothing() {
+    const EVENTS: i64 = 20;
+    let db = TestDatabase::new().await;
+    let tracer = Arc::new(TransactionTracer::default());
+    // Its first failure rolls back the transaction it was handed on in, events before it
+    // included, which runs again with a savepoint per event; its second is its own.
+    tracer.failures.lock().unwrap().insert("traced-5".into(), 2);
+    let (sequences, _) = drain_traced_key(&db, &tracer, EVENTS, 10).await;
+    // Each written once, in sequence order: the key waited for the failing event's retry.
+    assert_eq!(sequences, (1..=EVENTS).collect::<Vec<_>>());
+    let mut conn = db.connect().await;
+    let attempts = |event_id: &str| {
+        format!(
+            "SELECT finished.attempt::bigint AS n FROM inbox_finished AS finished \
+             JOIN inbox_events AS event USING (id) WHERE event.event_id = '{event_id}'"
+        )
+    };
+    assert_eq!(count(&mut conn, &attempts("traced-5")).await, 2);
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM inbox_finished WHERE attempt <> 1"
+        )
+        .await,
+        1,
+        "only the failing event took a second attempt"
+    );
+}

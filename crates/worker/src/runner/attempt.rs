@@ -20,9 +20,10 @@ use crate::handler::{Event, Handled, HandlerError};
 
 impl Worker {
     /// Runs `batch`, claimed under `token`, in one slot; then, in the same slot, the events
-    /// its transactions handed on (the next events of the ordered keys they completed), until
-    /// none is handed on. A busy key's events thus follow each other one commit apart, with no
-    /// claim between them. Once the worker stops, handed-on events are given back unstarted.
+    /// its transactions handed on (the next events of the ordered keys they completed) and
+    /// did not run themselves, until none is handed on. A busy key's events thus follow each
+    /// other with no claim between them. Once the worker stops, handed-on events are given
+    /// back unstarted.
     pub(super) async fn run_slot(
         &self,
         batch: Batch,
@@ -32,16 +33,16 @@ impl Worker {
         let mut pending = std::collections::VecDeque::from([batch]);
         while let Some(batch) = pending.pop_front() {
             let handed_on = self.attempt(batch, token).await;
-            if handed_on.is_empty() {
-                continue;
-            }
-            self.metrics.handed_on.inc_by(handed_on.len() as u64);
+            let events: usize = handed_on.iter().map(Batch::len).sum();
+            self.metrics.handed_on.inc_by(events as u64);
             if *shutdown.borrow() {
-                let ids: Vec<i64> = handed_on.iter().map(|event| event.id).collect();
-                self.release(&ids, token).await;
+                let ids: Vec<i64> = handed_on.iter().flat_map(Batch::ids).collect();
+                if !ids.is_empty() {
+                    self.release(&ids, token).await;
+                }
                 continue;
             }
-            pending.extend(self.batches_of(handed_on));
+            pending.extend(handed_on);
         }
     }
 
@@ -61,7 +62,7 @@ impl Worker {
     /// The lease keeper keeps the rows leased meanwhile; should it find some of them lost,
     /// the transaction is abandoned on the spot (it rolls back; a forward in progress is
     /// dropped). Returns the events its transaction handed on, now held under `token`.
-    pub(super) async fn attempt(&self, batch: Batch, token: Uuid) -> Vec<ClaimedEvent> {
+    pub(super) async fn attempt(&self, batch: Batch, token: Uuid) -> Vec<Batch> {
         let held = self.leases.hold(batch.ids(), token);
         let session = AttemptSession::default();
         let started = Instant::now();
@@ -78,24 +79,36 @@ impl Worker {
                 Err(AttemptError::Worker(WorkerError::LeaseLost))
             }
         };
-        let ordered_keys: HashSet<String> = batch
-            .events()
-            .iter()
+        let (result, continued) = match result {
+            Ok(Committed {
+                outcomes,
+                continued,
+                handed_on,
+            }) => (Ok((outcomes, handed_on)), continued),
+            Err(err) => (Err(err), Vec::new()),
+        };
+        let ordered_keys: HashSet<String> = std::iter::once(&batch)
+            .chain(&continued)
+            .flat_map(Batch::events)
             .filter_map(|event| event.ordering_key.clone())
             .collect();
-        let elapsed = started.elapsed().as_secs_f64() / batch.len() as f64;
-        for event in batch.events() {
+        let ran = batch.len() + continued.iter().map(Batch::len).sum::<usize>();
+        let elapsed = started.elapsed().as_secs_f64() / ran as f64;
+        for event in std::iter::once(&batch)
+            .chain(&continued)
+            .flat_map(Batch::events)
+        {
             self.metrics
                 .handler_duration
                 .with_label_values(&[event.provider.as_str()])
                 .observe(elapsed);
         }
         let handed_on = match result {
-            Ok(Committed {
-                outcomes,
-                handed_on,
-            }) => {
-                for ((event, label), outcome) in batch.labelled_events().into_iter().zip(outcomes) {
+            Ok((outcomes, handed_on)) => {
+                let ran = std::iter::once(&batch)
+                    .chain(&continued)
+                    .flat_map(Batch::labelled_events);
+                for ((event, label), outcome) in ran.zip(outcomes) {
                     self.settle(event, label, token, outcome).await;
                 }
                 handed_on
@@ -117,6 +130,7 @@ impl Worker {
         // busy key's events do not wake every idle loop into an empty claim each.
         let still_held: HashSet<&str> = handed_on
             .iter()
+            .flat_map(Batch::events)
             .filter_map(|event| event.ordering_key.as_deref())
             .collect();
         if ordered_keys
@@ -158,7 +172,7 @@ impl Worker {
         batch: Batch,
         token: Uuid,
         lost: Option<Vec<i64>>,
-    ) -> Vec<ClaimedEvent> {
+    ) -> Vec<Batch> {
         let lost = match lost {
             Some(ids) => ids,
             None => self.lost_leases(&batch.ids(), token).await,
@@ -240,12 +254,7 @@ impl Worker {
     /// A transaction that failed as a whole. Shared, it failed for itself (not one handler:
     /// those roll back to their savepoint), so each event runs again in a transaction of its
     /// own; alone, its event's failure is settled.
-    async fn isolate_or_settle(
-        &self,
-        batch: Batch,
-        token: Uuid,
-        err: AttemptError,
-    ) -> Vec<ClaimedEvent> {
+    async fn isolate_or_settle(&self, batch: Batch, token: Uuid, err: AttemptError) -> Vec<Batch> {
         let mut handed_on = Vec::new();
         match batch {
             Batch::Routed(routed) if routed.len() > 1 => {

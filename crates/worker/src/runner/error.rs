@@ -39,6 +39,11 @@ pub enum AttemptError {
     /// The handler returned an error, timed out or panicked.
     #[error(transparent)]
     Handler(#[from] HandlerError),
+    /// The handler of an event handed on and run in the same transaction failed (without
+    /// savepoints, so the whole transaction rolled back): the attempt runs again with one
+    /// savepoint per event.
+    #[error("an event handed on in the transaction failed: {0}")]
+    HandedOn(HandlerError),
     /// The connection, a statement or the lease failed.
     #[error(transparent)]
     Worker(#[from] WorkerError),

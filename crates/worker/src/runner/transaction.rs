@@ -1,15 +1,21 @@
 //! An attempt's transaction: the handlers of a batch and the completion of the events that
 //! succeeded commit together, so a handler's effect and its event's `done` are one fact.
+//!
+//! A transaction that completes an ordered event claims its key's next event in the same
+//! transaction (the hand-on). When those next events can run in the database alone (no
+//! route, or a batchable handler) and the transaction has room for them (`transaction_size`
+//! events in all), they run in it too, one step after the other: a busy key's events are
+//! then handled one at a time with one commit for many of them, instead of one each.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use futures_util::FutureExt;
-use inbox_core::inbox::{self, ClaimedEvent};
+use inbox_core::inbox;
 use uuid::Uuid;
 
-use super::batch::Routed;
+use super::batch::{Batch, Routed};
 use super::session::{self, AttemptSession};
 use super::{AttemptError, Worker, WorkerError};
 use crate::handler::{Event, Handled, Handler, HandlerError, OutsideWork};
@@ -24,13 +30,27 @@ enum Savepoints {
     PerEvent,
 }
 
-/// What an attempt's transaction came to: each event's outcome, and the events it handed
-/// on (claimed, under the attempt's lease, in the transaction that completed their keys'
-/// events: see [`inbox::hand_on_keys`]).
-#[derive(Debug, Default)]
+/// What an attempt's transaction came to: each event's outcome, the events handed on that
+/// it ran itself, and the events it handed on to run next (claimed, under the attempt's
+/// lease, in the transaction that completed their keys' events: see
+/// [`inbox::hand_on_keys`]).
+#[derive(Default)]
 pub(super) struct Committed {
+    /// The outcomes of the attempt's batch, then of each batch of `continued`, in order.
     pub(super) outcomes: Vec<Outcome>,
-    pub(super) handed_on: Vec<ClaimedEvent>,
+    /// Events handed on and run in the same transaction, batch after batch.
+    pub(super) continued: Vec<Batch>,
+    /// Events handed on to run next, in batches.
+    pub(super) handed_on: Vec<Batch>,
+}
+
+/// What the steps of one transaction share: how they run their handlers, and the timeouts
+/// the transaction is under now.
+struct Steps<'a> {
+    token: Uuid,
+    savepoints: Savepoints,
+    session: &'a AttemptSession,
+    limits: Option<AttemptLimits>,
 }
 
 /// What one event's part of an attempt came to.
@@ -66,6 +86,12 @@ impl Worker {
                 self.run_events(batch, token, Savepoints::PerEvent, session)
                     .await
             }
+            // An event handed on in the transaction failed: it is not the batch's failure.
+            Err(AttemptError::HandedOn(_)) => {
+                self.metrics.savepoint_reruns.inc();
+                self.run_events(batch, token, Savepoints::PerEvent, session)
+                    .await
+            }
             result => result,
         }
     }
@@ -76,14 +102,7 @@ impl Worker {
         events: &[Event],
         token: Uuid,
     ) -> Result<Committed, AttemptError> {
-        let handed_on = self.complete_alone(events, token).await?;
-        Ok(Committed {
-            outcomes: events
-                .iter()
-                .map(|_| Outcome::Done(Handled::Ignored))
-                .collect(),
-            handed_on,
-        })
+        self.complete_alone(events, Handled::Ignored, token).await
     }
 
     /// Runs an event whose handler works outside the database (`work`, its
@@ -98,55 +117,108 @@ impl Worker {
     ) -> Result<Committed, AttemptError> {
         let run = AssertUnwindSafe(work.run(&routed.event)).catch_unwind();
         let handled = self.guarded(run, session).await?;
-        let handed_on = self
-            .complete_alone(std::slice::from_ref(&routed.event), token)
-            .await?;
-        Ok(Committed {
-            outcomes: vec![Outcome::Done(handled)],
-            handed_on,
-        })
+        self.complete_alone(std::slice::from_ref(&routed.event), handled, token)
+            .await
     }
 
-    /// Completes `events`, which have no effect to commit with them: one statement, no
-    /// transaction around it; with their keys' next events handed on in the same transaction
-    /// when some are ordered.
+    /// Completes `events`, which have no effect to commit with them (each was `handled`):
+    /// one statement, no transaction around it; when some are ordered, with their keys' next
+    /// events handed on in the same transaction, and those that need no handler completed in
+    /// it too, as ignored.
     async fn complete_alone(
         &self,
         events: &[Event],
+        handled: Handled,
         token: Uuid,
-    ) -> Result<Vec<ClaimedEvent>, AttemptError> {
+    ) -> Result<Committed, AttemptError> {
         let mut conn = self.connection().await?;
+        let mut committed = Committed {
+            outcomes: events.iter().map(|_| Outcome::Done(handled)).collect(),
+            ..Committed::default()
+        };
+        if events.iter().all(|event| event.ordering_key.is_none()) {
+            let ids: Vec<i64> = events.iter().map(|event| event.id).collect();
+            complete(&mut conn, &ids, token, false).await?;
+            return Ok(committed);
+        }
+        conn.transaction::<_, AttemptError, _>(async |tx| {
+            let mut handed_on = self.complete_step(tx, events, token).await?;
+            let mut ran = events.len();
+            while self.can_continue(&handed_on, ran, Continuing::Unrouted) {
+                ran += self.count_handed_on(&handed_on);
+                let mut next = Vec::new();
+                for step in std::mem::take(&mut handed_on) {
+                    if let Batch::Unrouted(events) = &step {
+                        next.extend(self.complete_step(tx, events, token).await?);
+                        committed.outcomes.extend(ignored(events.len()));
+                    }
+                    committed.continued.push(step);
+                }
+                handed_on = next;
+            }
+            committed.handed_on = handed_on;
+            Ok(committed)
+        })
+        .await
+    }
+
+    /// Completes `events` as ignored in `tx`, and hands their keys on.
+    async fn complete_step(
+        &self,
+        tx: &mut AsyncPgConnection,
+        events: &[Event],
+        token: Uuid,
+    ) -> Result<Vec<Batch>, AttemptError> {
         let ids: Vec<i64> = events.iter().map(|event| event.id).collect();
         let keys: Vec<&str> = events
             .iter()
             .filter_map(|event| event.ordering_key.as_deref())
             .collect();
-        if keys.is_empty() {
-            complete(&mut conn, &ids, token, false).await?;
-            return Ok(Vec::new());
-        }
-        conn.transaction::<_, AttemptError, _>(async |tx| {
-            complete(tx, &ids, token, true).await?;
-            Ok(self.hand_on(tx, &keys, token).await?)
-        })
-        .await
+        complete(tx, &ids, token, !keys.is_empty()).await?;
+        Ok(self.hand_on(tx, &keys, token).await?)
+    }
+
+    /// Whether the transaction that handed `handed_on` on, having run `ran` events, runs
+    /// them too: there are some, they fit in `transaction_size`, and each needs no handler
+    /// (`Continuing::Unrouted`) or, with `Continuing::InDatabase`, one that works in the
+    /// database alone.
+    fn can_continue(&self, handed_on: &[Batch], ran: usize, continuing: Continuing) -> bool {
+        let events: usize = handed_on.iter().map(Batch::len).sum();
+        events > 0
+            && ran + events <= self.settings.transaction_size.max(1)
+            && handed_on.iter().all(|batch| match batch {
+                Batch::Unrouted(_) => true,
+                Batch::Routed(routed) => {
+                    continuing == Continuing::InDatabase
+                        && routed.iter().all(|one| one.handler.batchable())
+                }
+            })
+    }
+
+    /// Counts `handed_on`, events a transaction runs itself, as handed on; returns how many.
+    fn count_handed_on(&self, handed_on: &[Batch]) -> usize {
+        let events: usize = handed_on.iter().map(Batch::len).sum();
+        self.metrics.handed_on.inc_by(events as u64);
+        events
     }
 
     /// The next events of `keys`, whose events this transaction completed, claimed under
-    /// `token` ([`inbox::hand_on_keys`]).
+    /// `token` ([`inbox::hand_on_keys`]), in batches.
     async fn hand_on(
         &self,
         tx: &mut AsyncPgConnection,
         keys: &[&str],
         token: Uuid,
-    ) -> diesel::QueryResult<Vec<ClaimedEvent>> {
+    ) -> diesel::QueryResult<Vec<Batch>> {
         let (name, lease) = (&self.settings.name, self.settings.lease);
-        inbox::hand_on_keys(tx, keys, name, token, lease).await
+        let handed_on = inbox::hand_on_keys(tx, keys, name, token, lease).await?;
+        Ok(self.batches_of(handed_on))
     }
 
     /// One transaction running the handlers of `batch` and completing the ones that
-    /// succeeded, under the statement and lock timeouts of their routes. A connection whose
-    /// handler was abandoned mid-statement is closed rather than pooled again.
+    /// succeeded, under the statement and lock timeouts of their routes; then the events it
+    /// hands on, while they can run in it. A connection whose handler was abandoned
+    /// mid-statement is closed rather than pooled again.
     async fn run_events(
         &self,
         batch: &[Routed],
@@ -158,51 +230,91 @@ impl Worker {
         session.reset();
         let result = conn
             .transaction::<_, AttemptError, _>(async |tx| {
-                let mut outcomes = Vec::with_capacity(batch.len());
-                let mut completed = Vec::with_capacity(batch.len());
-                let mut current_limits = None;
-                for run in same_handler_runs(batch, |routed| self.attempt_limits(routed)) {
-                    let limits = self.attempt_limits(&run[0]);
-                    if current_limits != Some(limits) {
-                        session.started_on(session::limit_transaction(tx, limits).await?);
-                        current_limits = Some(limits);
-                    }
-                    let handler = run[0].handler.as_ref();
-                    match savepoints {
-                        Savepoints::PerEvent => {
-                            for Routed { event, .. } in run {
-                                outcomes.push(
-                                    self.run_in_savepoint(handler, event, tx, session).await?,
-                                );
-                            }
-                        }
-                        // Without savepoints, a failure rolls the transaction back.
-                        Savepoints::None => {
-                            let events: Vec<&Event> = run.iter().map(|r| &r.event).collect();
-                            let handled = self.run_handlers(handler, &events, tx, session).await?;
-                            outcomes.extend(handled.into_iter().map(Outcome::Done));
-                        }
-                    }
-                }
-                let mut keys: Vec<&str> = Vec::new();
-                for (routed, outcome) in batch.iter().zip(&outcomes) {
-                    if matches!(outcome, Outcome::Done(_)) {
-                        completed.push(routed.event.id);
-                        keys.extend(routed.event.ordering_key.as_deref());
-                    }
-                }
-                complete(tx, &completed, token, !keys.is_empty()).await?;
-                let handed_on = self.hand_on(tx, &keys, token).await?;
-                Ok(Committed {
+                let mut steps = Steps {
+                    token,
+                    savepoints,
+                    session,
+                    limits: None,
+                };
+                let (outcomes, mut handed_on) = self.run_step(tx, batch, &mut steps).await?;
+                let mut committed = Committed {
                     outcomes,
-                    handed_on,
-                })
+                    ..Committed::default()
+                };
+                let mut ran = batch.len();
+                while self.can_continue(&handed_on, ran, Continuing::InDatabase) {
+                    ran += self.count_handed_on(&handed_on);
+                    let mut next = Vec::new();
+                    for step in std::mem::take(&mut handed_on) {
+                        let (outcomes, more) = match &step {
+                            Batch::Unrouted(events) => {
+                                let more = self.complete_step(tx, events, token).await?;
+                                (ignored(events.len()), more)
+                            }
+                            Batch::Routed(routed) => self
+                                .run_step(tx, routed, &mut steps)
+                                .await
+                                .map_err(handed_on_failure)?,
+                        };
+                        committed.outcomes.extend(outcomes);
+                        committed.continued.push(step);
+                        next.extend(more);
+                    }
+                    handed_on = next;
+                }
+                committed.handed_on = handed_on;
+                Ok(committed)
             })
             .await;
         if session.is_abandoned() {
             session::discard(&mut conn);
         }
         result
+    }
+
+    /// One step of a transaction: the handlers of `batch`, the completion of the events that
+    /// succeeded, and their keys handed on. Returns each event's outcome and the events
+    /// handed on.
+    async fn run_step(
+        &self,
+        tx: &mut AsyncPgConnection,
+        batch: &[Routed],
+        steps: &mut Steps<'_>,
+    ) -> Result<(Vec<Outcome>, Vec<Batch>), AttemptError> {
+        let session = steps.session;
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for run in same_handler_runs(batch, |routed| self.attempt_limits(routed)) {
+            let limits = self.attempt_limits(&run[0]);
+            if steps.limits != Some(limits) {
+                session.started_on(session::limit_transaction(tx, limits).await?);
+                steps.limits = Some(limits);
+            }
+            let handler = run[0].handler.as_ref();
+            match steps.savepoints {
+                Savepoints::PerEvent => {
+                    for Routed { event, .. } in run {
+                        outcomes.push(self.run_in_savepoint(handler, event, tx, session).await?);
+                    }
+                }
+                // Without savepoints, a failure rolls the transaction back.
+                Savepoints::None => {
+                    let events: Vec<&Event> = run.iter().map(|r| &r.event).collect();
+                    let handled = self.run_handlers(handler, &events, tx, session).await?;
+                    outcomes.extend(handled.into_iter().map(Outcome::Done));
+                }
+            }
+        }
+        let mut completed = Vec::with_capacity(batch.len());
+        let mut keys: Vec<&str> = Vec::new();
+        for (routed, outcome) in batch.iter().zip(&outcomes) {
+            if matches!(outcome, Outcome::Done(_)) {
+                completed.push(routed.event.id);
+                keys.extend(routed.event.ordering_key.as_deref());
+            }
+        }
+        complete(tx, &completed, steps.token, !keys.is_empty()).await?;
+        let handed_on = self.hand_on(tx, &keys, steps.token).await?;
+        Ok((outcomes, handed_on))
     }
 
     /// The timeouts of `routed`'s attempt: its route's, else the worker's, else the lease's.
@@ -311,6 +423,31 @@ impl Worker {
             // The statement still ends at its statement_timeout or lock_timeout.
             tracing::warn!(error = %err, pid, "cancelling an abandoned statement failed");
         }
+    }
+}
+
+/// Which events handed on a transaction runs itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Continuing {
+    /// Only events that need no handler (a transaction with no handler's timeouts set).
+    Unrouted,
+    /// Those, and events of handlers that work in the database alone.
+    InDatabase,
+}
+
+/// `count` outcomes of events completed without a handler.
+fn ignored(count: usize) -> Vec<Outcome> {
+    (0..count)
+        .map(|_| Outcome::Done(Handled::Ignored))
+        .collect()
+}
+
+/// A handler's failure in an event handed on within the transaction, told apart from a
+/// failure of the attempt's own events.
+fn handed_on_failure(err: AttemptError) -> AttemptError {
+    match err {
+        AttemptError::Handler(err) => AttemptError::HandedOn(err),
+        other => other,
     }
 }
 
