@@ -12,7 +12,9 @@ use std::time::Duration;
 use diesel::sql_types::BigInt;
 use diesel::QueryableByName;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
-use inbox_core::inbox::{claim_due, insert_events, NewEvent};
+use inbox_core::inbox::{
+    claim_due, complete_all_keyed, insert_events, ordering_key, EventOrdering, NewEvent,
+};
 use test_db::TestDatabase;
 
 fn event(n: usize) -> NewEvent {
@@ -65,6 +67,66 @@ async fn a_claim_reads_the_journal_by_key_even_under_a_generic_plan_made_before_
         assert_eq!(
             scans.n, 0,
             "a claim scanned the journal instead of reading its rows by key"
+        );
+    }
+}
+
+fn ordered(n: usize) -> NewEvent {
+    NewEvent {
+        ordering: Some(EventOrdering {
+            key: ordering_key("demo", &format!("key_{n}")),
+            sequence: 1,
+            hold: Duration::ZERO,
+        }),
+        ..event(n)
+    }
+}
+
+/// The trigger that frees a key at each ordered completion reads the event's finished row: it
+/// must read it by key even under a plan its session made while `inbox_finished` was empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_release_reads_the_finished_row_by_key_under_a_plan_made_on_an_empty_table() {
+    const EVENTS: usize = 10;
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let events: Vec<NewEvent> = (0..EVENTS).map(ordered).collect();
+    insert_events(&mut conn, &events).await.unwrap();
+    // Every statement of the trigger planned once, generic, at its first run, on an empty table.
+    conn.batch_execute("SET plan_cache_mode = force_generic_plan")
+        .await
+        .unwrap();
+    let complete_one = async |conn: &mut diesel_async::AsyncPgConnection| {
+        let claim = claim_due(conn, "w1", Duration::from_secs(30), 1)
+            .await
+            .unwrap();
+        let ids: Vec<i64> = claim.events.iter().map(|event| event.id).collect();
+        assert_eq!(ids.len(), 1);
+        complete_all_keyed(conn, &ids, claim.lease_token)
+            .await
+            .unwrap();
+    };
+    complete_one(&mut conn).await;
+    // The table grows meanwhile (other workers' completions).
+    conn.batch_execute(
+        "INSERT INTO inbox_finished (id, status, attempt, processed_at) \
+         SELECT id, 2, 1, now() FROM generate_series(1000000, 1005000) AS id",
+    )
+    .await
+    .unwrap();
+    for _ in 1..EVENTS {
+        conn.batch_execute("BEGIN").await.unwrap();
+        complete_one(&mut conn).await;
+        let scans: Scans = diesel::sql_query(
+            "SELECT coalesce(sum(seq_tup_read), 0)::bigint AS n FROM pg_stat_xact_user_tables \
+             WHERE relname IN ('inbox_finished', 'inbox_keys')",
+        )
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+        conn.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(
+            scans.n, 0,
+            "freeing a key scanned a table instead of reading its row by key"
         );
     }
 }

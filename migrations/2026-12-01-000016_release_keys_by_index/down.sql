@@ -1,0 +1,1 @@
+ALTER FUNCTION inbox_release_key() RESET enable_seqscan;
