@@ -288,16 +288,32 @@ pub async fn complete_all(
     expect_all(updated, ids.len())
 }
 
-/// [`complete_all`] for rows of which some are ordered: the same completion, after locking the
-/// rows' `inbox_keys` rows in key order. The trigger freeing each key would otherwise lock
-/// them in the order the rows are deleted, and an ingest, which locks the keys of its new
-/// events in key order, could deadlock with it.
+/// [`complete_all`] for rows of which some are ordered, handing each of their keys on to its
+/// next event in the same statement: a key whose next event (its head, the lowest
+/// `(ordering_sequence, id)` left in the queue) is ready, due and not paused has that event
+/// claimed under `lease_token` for `worker_name`, as [`claim_due`] would claim it, and stays
+/// held, now by that event; any other key is freed with its head's due time (as the trigger of
+/// migration 11 frees it), its `processed_sequence` raised to the completed event's. Read
+/// the events handed on with [`hand_on_keys`] in the same transaction. The next event of a
+/// busy key then starts without waiting for a claim, its claim committing with the completion
+/// before it, and the key row is written once per event instead of freed and taken again.
 ///
-/// Locks the key rows (and the queue rows it deletes) until the caller's transaction ends.
+/// The keys' rows are locked first, in key order: an ingest locks the keys of its new events
+/// in key order too, and the two never deadlock. The next head is read in the statement's
+/// snapshot, taken before those locks were granted; an event that arrived for the key since
+/// (the key's `arrivals` moved between the snapshot and the lock) may be missing from it, so
+/// such a key is freed, due at once, and left for a claim to look at. A key this statement
+/// does not hand on or free (its holder is not the completed event) is left to the trigger.
+///
+/// Unless every row is still held, the caller's transaction must roll back
+/// ([`TransitionError::LeaseLost`]). Locks the key rows, the queue rows it deletes and the
+/// events it hands on until the caller's transaction ends.
 pub async fn complete_all_keyed(
     conn: &mut AsyncPgConnection,
     ids: &[i64],
     lease_token: Uuid,
+    worker_name: &str,
+    lease: Duration,
 ) -> Result<(), TransitionError> {
     if ids.is_empty() {
         return Ok(());
@@ -305,7 +321,7 @@ pub async fn complete_all_keyed(
     let updated = cached_sql(
         statuses_sql!(
             "WITH keys AS MATERIALIZED ( \
-                 SELECT key.ordering_key FROM inbox_keys AS key \
+                 SELECT key.ordering_key, key.arrivals FROM inbox_keys AS key \
                  WHERE key.ordering_key = ANY(ARRAY( \
                      SELECT ordering_key FROM inbox_queue \
                      WHERE id = ANY($1) AND ordering_key IS NOT NULL)) \
@@ -315,7 +331,47 @@ pub async fn complete_all_keyed(
                  DELETE FROM inbox_queue \
                  WHERE id = ANY($1) AND lease_token = $2 AND status = {processing} \
                    AND (SELECT count(*) FROM keys) >= 0 \
-                 RETURNING id, attempt, locked_by \
+                 RETURNING id, attempt, locked_by, ordering_key, ordering_sequence \
+             ), released AS MATERIALIZED ( \
+                 SELECT completed.ordering_key, completed.ordering_sequence, \
+                        keys.arrivals = seen.arrivals AS unchanged, head.id AS head_id, \
+                        coalesce(head.status = {ready} AND head.next_attempt_at <= now() \
+                                 AND head.not_paused, false) AS claimable, \
+                        CASE WHEN head.id IS NULL THEN NULL \
+                             WHEN head.status = {ready} THEN head.next_attempt_at \
+                             ELSE now() END AS head_due \
+                 FROM completed \
+                 JOIN keys ON keys.ordering_key = completed.ordering_key \
+                 JOIN inbox_keys AS seen ON seen.ordering_key = completed.ordering_key \
+                     AND seen.holder = completed.id \
+                 LEFT JOIN LATERAL ( \
+                     SELECT inbox_queue.id, inbox_queue.status, inbox_queue.next_attempt_at, \
+                            {not_paused} AS not_paused \
+                     FROM inbox_queue \
+                     WHERE inbox_queue.ordering_key = completed.ordering_key \
+                       AND inbox_queue.id <> ALL($1) \
+                     ORDER BY inbox_queue.ordering_sequence, inbox_queue.id \
+                     LIMIT 1 \
+                 ) AS head ON true \
+             ), handed AS ( \
+                 UPDATE inbox_queue AS queue \
+                 SET status = {processing}, attempt = queue.attempt + 1, lease_token = $2, \
+                     locked_by = $3, locked_until = now() + $4 * interval '1 millisecond' \
+                 WHERE queue.id = ANY(ARRAY( \
+                     SELECT head_id FROM released WHERE unchanged AND claimable)) \
+                   AND queue.status = {ready} \
+                 RETURNING queue.id, queue.ordering_key \
+             ), keyed AS ( \
+                 UPDATE inbox_keys AS key \
+                 SET holder = handed.id, \
+                     due_at = CASE WHEN handed.id IS NOT NULL THEN key.due_at \
+                                   WHEN released.unchanged THEN released.head_due \
+                                   ELSE now() END, \
+                     processed_sequence = greatest(key.processed_sequence, \
+                                                   released.ordering_sequence) \
+                 FROM released LEFT JOIN handed \
+                     ON handed.ordering_key = released.ordering_key \
+                 WHERE key.ordering_key = released.ordering_key \
              ) \
              INSERT INTO inbox_finished (id, status, attempt, locked_by, processed_at) \
              SELECT id, {done}, attempt, locked_by, clock_timestamp() FROM completed"
@@ -323,6 +379,8 @@ pub async fn complete_all_keyed(
         (
             bind::<Array<BigInt>, _>(ids),
             bind::<diesel::sql_types::Uuid, _>(lease_token),
+            bind::<Text, _>(worker_name),
+            bind::<BigInt, _>(duration_millis(lease)),
         ),
     )
     .execute(conn)
@@ -330,46 +388,39 @@ pub async fn complete_all_keyed(
     expect_all(updated, ids.len())
 }
 
-/// Hands each of `keys` on to its next event, in the transaction that completed the key's
-/// event (after [`complete_all_keyed`], which locked the keys and whose trigger freed them):
-/// a key still free and not blocked whose head is ready, due and not paused has that head
-/// claimed under `lease_token` for `worker_name`, as [`claim_due`] would claim it. The next
-/// event of a busy key then starts without waiting for a claim, and its claim commits with
-/// the completion before it: one commit per event. Takes no lock the completion did not
-/// hold already but the claimed rows'; should the transaction roll back, the claim goes with
-/// it and the heads stay ready.
+/// The events [`complete_all_keyed`] handed on in this transaction for `keys` (whose events
+/// it completed), held under `lease_token`: each key's event in processing, as
+/// [`ClaimedEvent`]s (late arrivals marked as [`claim_due`] marks them), oldest due first.
+/// Reads only.
 pub async fn hand_on_keys(
     conn: &mut AsyncPgConnection,
     keys: &[&str],
-    worker_name: &str,
     lease_token: Uuid,
-    lease: Duration,
 ) -> QueryResult<Vec<ClaimedEvent>> {
     if keys.is_empty() {
         return Ok(Vec::new());
     }
     cached_sql(
-        statuses_sql!(concat!(
-            "WITH heads AS MATERIALIZED ( \
-                 SELECT head.id FROM inbox_keys AS key \
-                 CROSS JOIN LATERAL ( \
-                     SELECT inbox_queue.id, inbox_queue.status, inbox_queue.next_attempt_at, \
-                            {not_paused} AS not_paused \
-                     FROM inbox_queue WHERE inbox_queue.ordering_key = key.ordering_key \
-                     ORDER BY inbox_queue.ordering_sequence, inbox_queue.id \
-                     LIMIT 1 \
-                 ) AS head \
-                 WHERE key.ordering_key = ANY($4) AND key.holder IS NULL \
-                   AND key.blocked_by IS NULL AND head.status = {ready} \
-                   AND head.next_attempt_at <= now() AND head.not_paused \
-             ), ",
-            take_rows!("ARRAY(SELECT id FROM heads)")
-        )),
+        statuses_sql!(
+            "SELECT event.id, event.provider, event.event_id, event.event_type, \
+                    event.received_at, event.headers, event.body, queue.attempt, \
+                    queue.ordering_key, queue.ordering_sequence, \
+                    coalesce(queue.ordering_sequence < key.processed_sequence, false) AS stale, \
+                    coalesce(policy.skip_stale, false) AS skip_stale \
+             FROM inbox_queue AS queue \
+             JOIN inbox_keys AS key \
+                 ON key.ordering_key = queue.ordering_key AND key.holder = queue.id \
+             CROSS JOIN LATERAL ( \
+                 SELECT * FROM inbox_events WHERE inbox_events.id = queue.id LIMIT 1 \
+             ) AS event \
+             LEFT JOIN inbox_ordering_providers AS policy ON policy.provider = event.provider \
+             WHERE queue.ordering_key = ANY($1) AND queue.status = {processing} \
+               AND queue.lease_token = $2 \
+             ORDER BY queue.next_attempt_at, event.id"
+        ),
         (
-            bind::<diesel::sql_types::Uuid, _>(lease_token),
-            bind::<Text, _>(worker_name),
-            bind::<BigInt, _>(duration_millis(lease)),
             bind::<Array<Text>, _>(keys),
+            bind::<diesel::sql_types::Uuid, _>(lease_token),
         ),
     )
     .load::<ClaimedEvent>(conn)

@@ -138,7 +138,7 @@ impl Worker {
         };
         if events.iter().all(|event| event.ordering_key.is_none()) {
             let ids: Vec<i64> = events.iter().map(|event| event.id).collect();
-            complete(&mut conn, &ids, token, false).await?;
+            inbox::complete_all(&mut conn, &ids, token).await?;
             return Ok(committed);
         }
         conn.transaction::<_, AttemptError, _>(async |tx| {
@@ -174,8 +174,7 @@ impl Worker {
             .iter()
             .filter_map(|event| event.ordering_key.as_deref())
             .collect();
-        complete(tx, &ids, token, !keys.is_empty()).await?;
-        Ok(self.hand_on(tx, &keys, token).await?)
+        Ok(self.complete_and_hand_on(tx, &ids, &keys, token).await?)
     }
 
     /// Whether the transaction that handed `handed_on` on, having run `ran` events, runs
@@ -202,16 +201,23 @@ impl Worker {
         events
     }
 
-    /// The next events of `keys`, whose events this transaction completed, claimed under
-    /// `token` ([`inbox::hand_on_keys`]), in batches.
-    async fn hand_on(
+    /// Completes `ids` in `tx`; when some are ordered (`keys`, theirs), hands those keys on
+    /// to their next events ([`inbox::complete_all_keyed`]) and returns these, claimed under
+    /// `token`, in batches. Unordered events pay nothing for it.
+    async fn complete_and_hand_on(
         &self,
         tx: &mut AsyncPgConnection,
+        ids: &[i64],
         keys: &[&str],
         token: Uuid,
-    ) -> diesel::QueryResult<Vec<Batch>> {
+    ) -> Result<Vec<Batch>, inbox::TransitionError> {
+        if keys.is_empty() {
+            inbox::complete_all(tx, ids, token).await?;
+            return Ok(Vec::new());
+        }
         let (name, lease) = (&self.settings.name, self.settings.lease);
-        let handed_on = inbox::hand_on_keys(tx, keys, name, token, lease).await?;
+        inbox::complete_all_keyed(tx, ids, token, name, lease).await?;
+        let handed_on = inbox::hand_on_keys(tx, keys, token).await?;
         Ok(self.batches_of(handed_on))
     }
 
@@ -312,8 +318,9 @@ impl Worker {
                 keys.extend(routed.event.ordering_key.as_deref());
             }
         }
-        complete(tx, &completed, steps.token, !keys.is_empty()).await?;
-        let handed_on = self.hand_on(tx, &keys, steps.token).await?;
+        let handed_on = self
+            .complete_and_hand_on(tx, &completed, &keys, steps.token)
+            .await?;
         Ok((outcomes, handed_on))
     }
 
@@ -477,19 +484,4 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "non-string panic payload".to_owned())
-}
-
-/// Completes `ids`, locking their ordering keys in key order first when some are `ordered`
-/// (see [`inbox::complete_all_keyed`]); unordered events pay nothing for it.
-async fn complete(
-    conn: &mut AsyncPgConnection,
-    ids: &[i64],
-    token: Uuid,
-    ordered: bool,
-) -> Result<(), inbox::TransitionError> {
-    if ordered {
-        inbox::complete_all_keyed(conn, ids, token).await
-    } else {
-        inbox::complete_all(conn, ids, token).await
-    }
 }
