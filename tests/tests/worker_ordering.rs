@@ -657,6 +657,9 @@ struct LedgerTrace {
     stale: Option<bool>,
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Bool>)]
     written_after_it_started: Option<bool>,
+    /// Its transaction kept, and its statement's start between the transaction's and the write.
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Bool>)]
+    statement_traced: Option<bool>,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -693,7 +696,11 @@ async fn the_demo_handler_traces_each_ordered_event_with_its_key_sequence_stale_
     let lines: Vec<LedgerTrace> = diesel_async::RunQueryDsl::load(
         diesel::sql_query(
             "SELECT event_id, ordering_key, ordering_sequence, stale, \
-                 written_at >= recorded_at AS written_after_it_started \
+                 written_at >= recorded_at AS written_after_it_started, \
+                 CASE WHEN transaction_id IS NOT NULL OR statement_started_at IS NOT NULL \
+                      THEN transaction_id IS NOT NULL \
+                           AND statement_started_at BETWEEN recorded_at AND written_at \
+                 END AS statement_traced \
              FROM demo_ledger ORDER BY id",
         ),
         &mut conn,
@@ -706,6 +713,7 @@ async fn the_demo_handler_traces_each_ordered_event_with_its_key_sequence_stale_
         ordering_sequence: Some(sequence),
         stale: Some(stale),
         written_after_it_started: Some(true),
+        statement_traced: Some(true),
     };
     assert_eq!(
         lines,
@@ -718,6 +726,7 @@ async fn the_demo_handler_traces_each_ordered_event_with_its_key_sequence_stale_
                 ordering_sequence: None,
                 stale: None,
                 written_after_it_started: None,
+                statement_traced: None,
             },
         ]
     );

@@ -145,6 +145,8 @@ diesel::table! {
         ordering_sequence -> Nullable<Int8>,
         stale -> Nullable<Bool>,
         written_at -> Nullable<Timestamptz>,
+        transaction_id -> Nullable<Int8>,
+        statement_started_at -> Nullable<Timestamptz>,
     }
 }
 

@@ -5,9 +5,11 @@
 //! second effect for one event would show as a second line.
 //!
 //! The line of an ordered event also keeps its ordering key, its sequence, whether it came
-//! stale, and `clock_timestamp()` as it was written (`written_at`; the line's `recorded_at` is
-//! its transaction's start): a trace of committed handlings from which the chaos tests check,
-//! per key, that handlings never overlapped and followed the sequence.
+//! stale, `clock_timestamp()` as it was written (`written_at`; the line's `recorded_at` is its
+//! transaction's start), the transaction that wrote it and when the writing statement started
+//! (a busy key's events handed on run one after the other in one transaction): a trace of
+//! committed handlings from which the chaos tests check, per key, that handlings never
+//! overlapped and followed the sequence.
 //!
 //! Payment events also update `demo_payments`, and show out-of-order safety: each event
 //! applies an operation that commutes with the others, so `payment.succeeded` and
@@ -159,9 +161,11 @@ impl Handler for DemoLedger {
              ) \
              INSERT INTO demo_ledger \
                  (provider, event_id, event_type, ordering_key, ordering_sequence, stale, \
-                  written_at) \
+                  written_at, transaction_id, statement_started_at) \
              SELECT provider, event_id, $3, $4, $5, $6, \
-                 CASE WHEN $4::text IS NOT NULL THEN clock_timestamp() END \
+                 CASE WHEN $4::text IS NOT NULL THEN clock_timestamp() END, \
+                 CASE WHEN $4::text IS NOT NULL THEN pg_current_xact_id()::text::int8 END, \
+                 CASE WHEN $4::text IS NOT NULL THEN statement_timestamp() END \
              FROM marked",
             (
                 bind::<Text, _>(&event.provider),
@@ -217,10 +221,13 @@ impl Handler for DemoLedger {
              ) \
              INSERT INTO demo_ledger \
                  (provider, event_id, event_type, ordering_key, ordering_sequence, stale, \
-                  written_at) \
+                  written_at, transaction_id, statement_started_at) \
              SELECT marked.provider, marked.event_id, input.event_type, input.ordering_key, \
                  input.ordering_sequence, input.stale, \
-                 CASE WHEN input.ordering_key IS NOT NULL THEN clock_timestamp() END \
+                 CASE WHEN input.ordering_key IS NOT NULL THEN clock_timestamp() END, \
+                 CASE WHEN input.ordering_key IS NOT NULL \
+                      THEN pg_current_xact_id()::text::int8 END, \
+                 CASE WHEN input.ordering_key IS NOT NULL THEN statement_timestamp() END \
              FROM marked JOIN input USING (provider, event_id) \
              RETURNING provider, event_id",
             (

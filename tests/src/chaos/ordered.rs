@@ -1,16 +1,19 @@
 //! The promises of ordered processing, checked on the demo handler's trace after a run: the
 //! `demo_ledger` lines of ordered events, each written in the transaction that completed its
 //! event (so only committed handlings appear) with the event's key, sequence, stale mark, the
-//! start of its transaction and the moment it was written.
+//! start of its transaction, the transaction itself, when the writing statement started and
+//! the moment it was written.
 //!
-//! Per key, the next event may only be claimed once the one before has committed: its
-//! transaction starts after the earlier line was written, and its line gets a higher id. The
-//! lines of a key in id order are therefore its handlings in commit order, and their intervals
-//! [transaction start, line written] never overlap. Two handlings of a key at once would show
-//! as a later one starting before an earlier one wrote its line (what it cannot show: one that
-//! started in the moment between the other's write and its commit; the unique index on keys in
-//! processing forbids that too). In that order, an event is marked stale exactly when a higher
-//! sequence of its key was done before it.
+//! Per key, the next event may only be claimed once the one before has committed, or be
+//! handed on to run after it in the same transaction: in another transaction, it starts after
+//! the earlier line was written; in the same one, its statement does. Its line gets a higher
+//! id either way. The lines of a key in id order are therefore its handlings in commit order,
+//! and their intervals [start, line written] never overlap, where the start is the
+//! transaction's or, after a line of the same transaction, the statement's. Two handlings of a
+//! key at once would show as a later one starting before an earlier one wrote its line (what
+//! it cannot show: one that started in the moment between the other's write and its commit;
+//! the unique index on keys in processing forbids that too). In that order, an event is marked
+//! stale exactly when a higher sequence of its key was done before it.
 
 use std::collections::{HashMap, HashSet};
 
@@ -45,6 +48,12 @@ pub struct Handling {
     /// When its transaction started, in microseconds since the epoch.
     #[diesel(sql_type = BigInt)]
     pub started_us: i64,
+    /// The transaction that wrote the line (none on lines older than the column).
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub transaction: Option<i64>,
+    /// When the statement that wrote the line started, in microseconds since the epoch.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub statement_started_us: Option<i64>,
     /// When the handler wrote the line, in microseconds since the epoch.
     #[diesel(sql_type = BigInt)]
     pub written_us: i64,
@@ -56,6 +65,9 @@ pub async fn load_trace(conn: &mut AsyncPgConnection) -> diesel::QueryResult<Vec
         "SELECT id AS line, provider, event_id, ordering_key AS key, \
              ordering_sequence AS sequence, stale, \
              floor(extract(epoch FROM recorded_at) * 1000000)::int8 AS started_us, \
+             transaction_id AS transaction, \
+             floor(extract(epoch FROM statement_started_at) * 1000000)::int8 \
+                 AS statement_started_us, \
              floor(extract(epoch FROM written_at) * 1000000)::int8 AS written_us \
          FROM demo_ledger WHERE ordering_key IS NOT NULL ORDER BY ordering_key, id",
     )
@@ -150,6 +162,20 @@ pub(super) fn check(
     tally
 }
 
+impl Handling {
+    /// When this handling began, as far as the trace can tell, for comparing with `earlier`'s
+    /// write: its statement's start after a line of its own transaction (events handed on run
+    /// one after the other in it), its transaction's start otherwise.
+    fn started_after_us(&self, earlier: &Handling) -> i64 {
+        match (self.transaction, self.statement_started_us) {
+            (Some(transaction), Some(statement)) if earlier.transaction == Some(transaction) => {
+                statement
+            }
+            _ => self.started_us,
+        }
+    }
+}
+
 /// Checks one key's handlings, in commit order: none starts before an earlier one wrote its
 /// line, and each is marked stale exactly when a higher sequence was done before it.
 pub(super) fn check_key(handlings: &[Handling], v: &mut Violations) {
@@ -164,12 +190,13 @@ pub(super) fn check_key(handlings: &[Handling], v: &mut Violations) {
             handling.sequence,
             if handling.stale { ", stale" } else { "" }
         );
-        if let Some(earlier) = latest_write.filter(|e| handling.started_us < e.written_us) {
+        if let Some(earlier) = latest_write.filter(|e| handling.started_after_us(e) < e.written_us)
+        {
             v.add(
                 invariant::ORDERED_ONE_AT_A_TIME,
                 format!(
                     "{what} started {} µs before {} (sequence {:?}) wrote its line",
-                    earlier.written_us - handling.started_us,
+                    earlier.written_us - handling.started_after_us(earlier),
                     earlier.event_id,
                     earlier.sequence
                 ),
@@ -224,9 +251,30 @@ mod tests {
                     sequence: Some(sequence),
                     stale,
                     started_us,
+                    // Each in a transaction of its own, its statement starting with it.
+                    transaction: Some(line as i64 + 1),
+                    statement_started_us: Some(started_us),
                     written_us,
                 },
             )
+            .collect()
+    }
+
+    /// `handlings` as lines of one transaction that started at 0, each written by a statement
+    /// of its own: (event, sequence, statement started, written).
+    fn one_transaction(handlings: &[(&str, i64, i64, i64)]) -> Vec<Handling> {
+        let steps: Vec<_> = handlings
+            .iter()
+            .map(|&(event_id, sequence, _, written_us)| (event_id, sequence, false, 0, written_us))
+            .collect();
+        trace(&steps)
+            .into_iter()
+            .zip(handlings)
+            .map(|(handling, &(_, _, statement_us, _))| Handling {
+                transaction: Some(7),
+                statement_started_us: Some(statement_us),
+                ..handling
+            })
             .collect()
     }
 
@@ -287,6 +335,25 @@ mod tests {
         // Touching is not overlapping: the next may start as the line is written.
         let touching = trace(&[("a", 1, false, 0, 30), ("b", 2, false, 30, 40)]);
         assert_eq!(breaches(&touching), vec![]);
+    }
+
+    #[test]
+    fn events_handed_on_within_one_transaction_are_judged_by_their_statements() {
+        // All three lines carry the transaction's start; each statement began after the line
+        // before was written.
+        let in_turn = one_transaction(&[("a", 1, 5, 10), ("b", 2, 12, 20), ("c", 3, 21, 30)]);
+        assert_eq!(breaches(&in_turn), vec![]);
+        // A statement that began before the line before it was written overlapped it.
+        let overlapping = one_transaction(&[("a", 1, 5, 10), ("b", 2, 8, 20)]);
+        let found = breaches(&overlapping);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, invariant::ORDERED_ONE_AT_A_TIME);
+        assert!(found[0].1.contains("started 2 µs before a"), "{found:?}");
+        // Lines of two transactions are still judged by the later transaction's start, however
+        // late its statement began.
+        let mut across = trace(&[("a", 1, false, 0, 30), ("b", 2, false, 20, 40)]);
+        across[1].statement_started_us = Some(35);
+        assert_eq!(breaches(&across).len(), 1);
     }
 
     fn report(events: &[(&str, i64)]) -> Report {
