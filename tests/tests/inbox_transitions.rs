@@ -332,6 +332,8 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
             Option<i64>,
             Option<bool>,
             Option<chrono::DateTime<chrono::Utc>>,
+            Option<i64>,
+            Option<chrono::DateTime<chrono::Utc>>,
         )>(&mut conn)
         .await
         .unwrap();
