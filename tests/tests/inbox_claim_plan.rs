@@ -13,7 +13,7 @@ use diesel::sql_types::BigInt;
 use diesel::QueryableByName;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use inbox_core::inbox::{
-    claim_due, dead_letter, insert_events, ordering_key, EventOrdering, NewEvent,
+    claim_due, complete_all, dead_letter, insert_events, ordering_key, EventOrdering, NewEvent,
 };
 use test_db::TestDatabase;
 
@@ -129,6 +129,57 @@ async fn a_key_release_reads_the_finished_row_by_key_under_a_plan_made_on_an_emp
         assert_eq!(
             scans.n, 0,
             "freeing a key scanned a table instead of reading its row by key"
+        );
+    }
+}
+
+/// A batch's completion reads its own rows by primary key even when the queue was analyzed
+/// with nothing in processing (a backlog waiting for its workers), while other claims hold
+/// many rows: read through the partial index of processing rows, it would visit them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_completion_reads_only_its_rows_whatever_else_is_in_processing() {
+    const HELD: usize = 1_300;
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let events: Vec<NewEvent> = (0..2_000).map(event).collect();
+    for chunk in events.chunks(500) {
+        insert_events(&mut conn, chunk).await.unwrap();
+    }
+    conn.batch_execute("ANALYZE inbox_queue").await.unwrap();
+    let mut claims = Vec::new();
+    for _ in 0..HELD / 100 {
+        let claim = claim_due(&mut conn, "w1", Duration::from_secs(30), 100)
+            .await
+            .unwrap();
+        assert_eq!(claim.events.len(), 100);
+        claims.push(claim);
+    }
+    // Queue rows this session fetched through an index (counted before they reach the
+    // statistics, earlier transactions' too: hence the difference).
+    let fetched = async |conn: &mut diesel_async::AsyncPgConnection| {
+        let fetched: Scans = diesel::sql_query(
+            "SELECT coalesce(sum(idx_tup_fetch), 0)::bigint AS n FROM pg_stat_xact_user_tables \
+             WHERE relname = 'inbox_queue'",
+        )
+        .get_result(conn)
+        .await
+        .unwrap();
+        fetched.n
+    };
+    for claim in &claims[..3] {
+        let ids: Vec<i64> = claim.events.iter().map(|event| event.id).collect();
+        conn.batch_execute("BEGIN").await.unwrap();
+        let before = fetched(&mut conn).await;
+        complete_all(&mut conn, &ids, claim.lease_token)
+            .await
+            .unwrap();
+        let read = fetched(&mut conn).await - before;
+        conn.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(
+            read,
+            ids.len() as i64,
+            "completing {} rows read {read} queue rows",
+            ids.len()
         );
     }
 }
