@@ -190,17 +190,19 @@ pub(super) fn check_key(handlings: &[Handling], v: &mut Violations) {
             handling.sequence,
             if handling.stale { ", stale" } else { "" }
         );
-        if let Some(earlier) = latest_write.filter(|e| handling.started_after_us(e) < e.written_us)
-        {
-            v.add(
-                invariant::ORDERED_ONE_AT_A_TIME,
-                format!(
-                    "{what} started {} µs before {} (sequence {:?}) wrote its line",
-                    earlier.written_us - handling.started_after_us(earlier),
-                    earlier.event_id,
-                    earlier.sequence
-                ),
-            );
+        if let Some(earlier) = latest_write {
+            let started_us = handling.started_after_us(earlier);
+            if started_us < earlier.written_us {
+                v.add(
+                    invariant::ORDERED_ONE_AT_A_TIME,
+                    format!(
+                        "{what} started {} µs before {} (sequence {:?}) wrote its line",
+                        earlier.written_us - started_us,
+                        earlier.event_id,
+                        earlier.sequence
+                    ),
+                );
+            }
         }
         if latest_write.is_none_or(|e| handling.written_us > e.written_us) {
             latest_write = Some(handling);
