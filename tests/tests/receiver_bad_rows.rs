@@ -353,6 +353,12 @@ async fn a_day_missing_from_the_journal_is_answered_503_not_refused_for_good() {
     let db = TestDatabase::new().await;
     let receiver = TestReceiver::demo(&db).await;
     let mut conn = db.connect().await;
+    // The receiver's own keeper of the days ahead runs at start and would put the day back
+    // whenever it ran after the drop; holding the lock every creation takes first keeps it
+    // out until the test creates the day itself.
+    conn.batch_execute("SELECT pg_advisory_lock(hashtext('inbox_create_journal_day'))")
+        .await
+        .unwrap();
     // Today's partition gone (as if no binary had created it): the row has nowhere to go,
     // which PostgreSQL reports as a check violation naming no constraint.
     conn.batch_execute(
@@ -369,9 +375,12 @@ async fn a_day_missing_from_the_journal_is_answered_503_not_refused_for_good() {
         0.0,
         "not refused as a bad row"
     );
-    conn.batch_execute("SELECT inbox_create_journal_day((now() AT TIME ZONE 'UTC')::date)")
-        .await
-        .unwrap();
+    conn.batch_execute(
+        "SELECT pg_advisory_unlock(hashtext('inbox_create_journal_day')); \
+         SELECT inbox_create_journal_day((now() AT TIME ZONE 'UTC')::date)",
+    )
+    .await
+    .unwrap();
     let (status, answer) = receiver.post_demo(body, DEMO_SECRET).await;
     assert_eq!(
         (status, answer),
