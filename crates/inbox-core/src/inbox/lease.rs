@@ -297,13 +297,14 @@ pub async fn complete_all(
 }
 
 /// [`complete_all`] for rows of which some are ordered, handing each of their keys on to its
-/// next event in the same statement: a key whose next event (its head, the lowest
-/// `(ordering_sequence, id)` left in the queue) is ready, due and not paused has that event
-/// claimed under `lease_token` for `worker_name`, as [`claim_due`] would claim it, and stays
-/// held, now by that event; any other key is freed with its head's due time (as the trigger of
-/// migration 11 frees it), its `processed_sequence` raised to the completed event's. Read
-/// the events handed on with [`hand_on_keys`] in the same transaction. The next event of a
-/// busy key then starts without waiting for a claim, its claim committing with the completion
+/// next event in the same statement, and returning the events handed on: a key whose next
+/// event (its head, the lowest `(ordering_sequence, id)` left in the queue) is ready, due and
+/// not paused has that event claimed under `lease_token` for `worker_name`, as [`claim_due`]
+/// would claim it, and stays held, now by that event; any other key is freed with its head's
+/// due time (as the trigger of migration 11 frees it). Either way its `processed_sequence` is
+/// raised to the completed event's. The events handed on come back as [`ClaimedEvent`]s (late
+/// arrivals marked as [`claim_due`] marks them), oldest due first. The next event of a busy
+/// key then starts without waiting for a claim, its claim committing with the completion
 /// before it, and the key row is written once per event instead of freed and taken again.
 ///
 /// The keys' rows are locked first, in key order: an ingest locks the keys of its new events
@@ -311,7 +312,16 @@ pub async fn complete_all(
 /// snapshot, taken before those locks were granted; an event that arrived for the key since
 /// (the key's `arrivals` moved between the snapshot and the lock) may be missing from it, so
 /// such a key is freed, due at once, and left for a claim to look at. A key this statement
-/// does not hand on or free (its holder is not the completed event) is left to the trigger.
+/// does not hand on or free (its holder is not the completed event, or its head changed
+/// under it) is left to the trigger.
+///
+/// Every lookup goes by key, from the locked keys to their rows, their holders and heads;
+/// no two of the statement's intermediate results are joined to each other, as the planner,
+/// which cannot estimate their sizes, would join them by testing every pair (10,000
+/// comparisons for 100 events). The events handed on are read in the same statement: read
+/// by a second one, taking an array of keys, that statement was planned anew at every call
+/// (its plan for one key looking cheaper than the generic one), which cost a busy key, one
+/// event a transaction, a third of its throughput.
 ///
 /// Unless every row is still held, the caller's transaction must roll back
 /// ([`TransitionError::LeaseLost`]). Locks the key rows, the queue rows it deletes and the
@@ -322,14 +332,25 @@ pub async fn complete_all_keyed(
     lease_token: Uuid,
     worker_name: &str,
     lease: Duration,
-) -> Result<(), TransitionError> {
-    if ids.is_empty() {
-        return Ok(());
+) -> Result<Vec<ClaimedEvent>, TransitionError> {
+    /// The statement's rows: the count of rows completed in each, and one event handed on
+    /// in each, or none in the one row returned when no event was handed on.
+    #[derive(QueryableByName)]
+    struct KeyedCompletion {
+        #[diesel(sql_type = BigInt)]
+        completed: i64,
+        #[diesel(embed)]
+        handed_on: Option<ClaimedEvent>,
     }
-    let updated = cached_sql(
+
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = cached_sql(
         statuses_sql!(
             "WITH keys AS MATERIALIZED ( \
-                 SELECT key.ordering_key, key.arrivals FROM inbox_keys AS key \
+                 SELECT key.ordering_key, key.arrivals, key.processed_sequence \
+                 FROM inbox_keys AS key \
                  WHERE key.ordering_key = ANY(ARRAY( \
                      SELECT ordering_key FROM inbox_queue \
                      WHERE id = ANY($1) AND ordering_key IS NOT NULL)) \
@@ -339,24 +360,27 @@ pub async fn complete_all_keyed(
                  DELETE FROM inbox_queue \
                  WHERE id = ANY($1) AND lease_token = $2 AND status + 0 = {processing} \
                    AND (SELECT count(*) FROM keys) >= 0 \
-                 RETURNING id, attempt, locked_by, ordering_key, ordering_sequence \
+                 RETURNING id, attempt, locked_by \
              ), released AS MATERIALIZED ( \
-                 SELECT completed.ordering_key, completed.ordering_sequence, \
-                        keys.arrivals = seen.arrivals AS unchanged, head.id AS head_id, \
-                        coalesce(head.status = {ready} AND head.next_attempt_at <= now() \
-                                 AND head.not_paused, false) AS claimable, \
+                 SELECT keys.ordering_key, \
+                        greatest(keys.processed_sequence, done.ordering_sequence) \
+                            AS processed_sequence, \
+                        keys.arrivals = seen.arrivals AS unchanged, \
+                        keys.arrivals = seen.arrivals AND coalesce(head.status = {ready} \
+                            AND head.next_attempt_at <= now() AND head.not_paused, false) \
+                            AS hand_on, \
+                        head.id AS head_id, \
                         CASE WHEN head.id IS NULL THEN NULL \
                              WHEN head.status = {ready} THEN head.next_attempt_at \
                              ELSE now() END AS head_due \
-                 FROM completed \
-                 JOIN keys ON keys.ordering_key = completed.ordering_key \
-                 JOIN inbox_keys AS seen ON seen.ordering_key = completed.ordering_key \
-                     AND seen.holder = completed.id \
+                 FROM keys \
+                 JOIN inbox_keys AS seen ON seen.ordering_key = keys.ordering_key \
+                 JOIN inbox_queue AS done ON done.id = seen.holder AND done.id = ANY($1) \
                  LEFT JOIN LATERAL ( \
                      SELECT inbox_queue.id, inbox_queue.status, inbox_queue.next_attempt_at, \
                             {not_paused} AS not_paused \
                      FROM inbox_queue \
-                     WHERE inbox_queue.ordering_key = completed.ordering_key \
+                     WHERE inbox_queue.ordering_key = keys.ordering_key \
                        AND inbox_queue.id <> ALL($1) \
                      ORDER BY inbox_queue.ordering_sequence, inbox_queue.id \
                      LIMIT 1 \
@@ -365,24 +389,43 @@ pub async fn complete_all_keyed(
                  UPDATE inbox_queue AS queue \
                  SET status = {processing}, attempt = queue.attempt + 1, lease_token = $2, \
                      locked_by = $3, locked_until = now() + $4 * interval '1 millisecond' \
-                 WHERE queue.id = ANY(ARRAY( \
-                     SELECT head_id FROM released WHERE unchanged AND claimable)) \
+                 FROM released \
+                 WHERE queue.id = released.head_id AND released.hand_on \
                    AND queue.status = {ready} \
-                 RETURNING queue.id, queue.ordering_key \
-             ), keyed AS ( \
+                 RETURNING queue.id, queue.attempt, queue.next_attempt_at, queue.ordering_key, \
+                           queue.ordering_sequence, released.processed_sequence \
+             ), held AS ( \
                  UPDATE inbox_keys AS key \
-                 SET holder = handed.id, \
-                     due_at = CASE WHEN handed.id IS NOT NULL THEN key.due_at \
-                                   WHEN released.unchanged THEN released.head_due \
-                                   ELSE now() END, \
-                     processed_sequence = greatest(key.processed_sequence, \
-                                                   released.ordering_sequence) \
-                 FROM released LEFT JOIN handed \
-                     ON handed.ordering_key = released.ordering_key \
-                 WHERE key.ordering_key = released.ordering_key \
+                 SET holder = handed.id, processed_sequence = handed.processed_sequence \
+                 FROM handed \
+                 WHERE key.ordering_key = handed.ordering_key \
+             ), freed AS ( \
+                 UPDATE inbox_keys AS key \
+                 SET holder = NULL, \
+                     due_at = CASE WHEN released.unchanged THEN released.head_due ELSE now() END, \
+                     processed_sequence = released.processed_sequence \
+                 FROM released \
+                 WHERE key.ordering_key = released.ordering_key AND NOT released.hand_on \
+             ), finished AS ( \
+                 INSERT INTO inbox_finished (id, status, attempt, locked_by, processed_at) \
+                 SELECT id, {done}, attempt, locked_by, clock_timestamp() FROM completed \
+                 RETURNING id \
              ) \
-             INSERT INTO inbox_finished (id, status, attempt, locked_by, processed_at) \
-             SELECT id, {done}, attempt, locked_by, clock_timestamp() FROM completed"
+             SELECT total.completed, event.id, event.provider, event.event_id, \
+                    event.event_type, event.received_at, event.headers, event.body, \
+                    handed.attempt, handed.ordering_key, handed.ordering_sequence, \
+                    coalesce(handed.ordering_sequence < handed.processed_sequence, false) \
+                        AS stale, \
+                    coalesce(policy.skip_stale, false) AS skip_stale \
+             FROM (SELECT count(*) AS completed FROM finished) AS total \
+             LEFT JOIN ( \
+                 handed CROSS JOIN LATERAL ( \
+                     SELECT * FROM inbox_events WHERE inbox_events.id = handed.id LIMIT 1 \
+                 ) AS event \
+                 LEFT JOIN inbox_ordering_providers AS policy \
+                     ON policy.provider = event.provider \
+             ) ON true \
+             ORDER BY handed.next_attempt_at, event.id"
         ),
         (
             bind::<Array<BigInt>, _>(ids),
@@ -391,48 +434,11 @@ pub async fn complete_all_keyed(
             bind::<BigInt, _>(duration_millis(lease)),
         ),
     )
-    .execute(conn)
+    .load::<KeyedCompletion>(conn)
     .await?;
-    expect_all(updated, ids.len())
-}
-
-/// The events [`complete_all_keyed`] handed on in this transaction for `keys` (whose events
-/// it completed), held under `lease_token`: each key's event in processing, as
-/// [`ClaimedEvent`]s (late arrivals marked as [`claim_due`] marks them), oldest due first.
-/// Reads only.
-pub async fn hand_on_keys(
-    conn: &mut AsyncPgConnection,
-    keys: &[&str],
-    lease_token: Uuid,
-) -> QueryResult<Vec<ClaimedEvent>> {
-    if keys.is_empty() {
-        return Ok(Vec::new());
-    }
-    cached_sql(
-        statuses_sql!(
-            "SELECT event.id, event.provider, event.event_id, event.event_type, \
-                    event.received_at, event.headers, event.body, queue.attempt, \
-                    queue.ordering_key, queue.ordering_sequence, \
-                    coalesce(queue.ordering_sequence < key.processed_sequence, false) AS stale, \
-                    coalesce(policy.skip_stale, false) AS skip_stale \
-             FROM inbox_queue AS queue \
-             JOIN inbox_keys AS key \
-                 ON key.ordering_key = queue.ordering_key AND key.holder = queue.id \
-             CROSS JOIN LATERAL ( \
-                 SELECT * FROM inbox_events WHERE inbox_events.id = queue.id LIMIT 1 \
-             ) AS event \
-             LEFT JOIN inbox_ordering_providers AS policy ON policy.provider = event.provider \
-             WHERE queue.ordering_key = ANY($1) AND queue.status = {processing} \
-               AND queue.lease_token = $2 \
-             ORDER BY queue.next_attempt_at, event.id"
-        ),
-        (
-            bind::<Array<Text>, _>(keys),
-            bind::<diesel::sql_types::Uuid, _>(lease_token),
-        ),
-    )
-    .load::<ClaimedEvent>(conn)
-    .await
+    let completed = rows.as_slice().first().map_or(0, |row| row.completed);
+    expect_all(usize::try_from(completed).unwrap_or(0), ids.len())?;
+    Ok(rows.into_iter().filter_map(|row| row.handed_on).collect())
 }
 
 /// `processing -> ready` after a retryable failure, due again after `delay`, with `error`

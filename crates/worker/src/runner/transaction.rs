@@ -33,7 +33,7 @@ enum Savepoints {
 /// What an attempt's transaction came to: each event's outcome, the events handed on that
 /// it ran itself, and the events it handed on to run next (claimed, under the attempt's
 /// lease, in the transaction that completed their keys' events: see
-/// [`inbox::hand_on_keys`]).
+/// [`inbox::complete_all_keyed`]).
 #[derive(Default)]
 pub(super) struct Committed {
     /// The outcomes of the attempt's batch, then of each batch of `continued`, in order.
@@ -216,8 +216,7 @@ impl Worker {
             return Ok(Vec::new());
         }
         let (name, lease) = (&self.settings.name, self.settings.lease);
-        inbox::complete_all_keyed(tx, ids, token, name, lease).await?;
-        let handed_on = inbox::hand_on_keys(tx, keys, token).await?;
+        let handed_on = inbox::complete_all_keyed(tx, ids, token, name, lease).await?;
         Ok(self.batches_of(handed_on))
     }
 
