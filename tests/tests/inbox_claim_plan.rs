@@ -13,7 +13,8 @@ use diesel::sql_types::BigInt;
 use diesel::QueryableByName;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use inbox_core::inbox::{
-    claim_due, complete_all, dead_letter, insert_events, ordering_key, EventOrdering, NewEvent,
+    claim_due, complete_all, complete_all_keyed, dead_letter, insert_events, ordering_key,
+    EventOrdering, NewEvent,
 };
 use test_db::TestDatabase;
 
@@ -182,4 +183,91 @@ async fn a_batch_completion_reads_only_its_rows_whatever_else_is_in_processing()
             ids.len()
         );
     }
+}
+
+/// Event `n` of `keys` keys named `name_0` and on, the `n / keys + 1`th of its key.
+fn ordered_among(name: &str, keys: usize, n: usize) -> NewEvent {
+    NewEvent {
+        ordering: Some(EventOrdering {
+            key: ordering_key("demo", &format!("{name}_{}", n % keys)),
+            sequence: i64::try_from(n / keys + 1).unwrap(),
+            hold: Duration::ZERO,
+        }),
+        ..event(n)
+    }
+}
+
+/// The completion of ordered events hands each key on to its next event and returns those,
+/// in one statement. Under a generic plan (what PostgreSQL may keep for the connection's
+/// life) it must read every row by key: a scan of the queue or of the keys would read every
+/// waiting event or key at each completion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_completion_hands_on_by_key_under_a_generic_plan() {
+    const KEYS: usize = 50;
+    const LEASE: Duration = Duration::from_secs(30);
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    // Other keys' events waiting, analyzed as autovacuum would.
+    let others: Vec<NewEvent> = (0..5_000)
+        .map(|n| ordered_among("other", 5_000, KEYS * 3 + n))
+        .collect();
+    for chunk in others.chunks(500) {
+        insert_events(&mut conn, chunk).await.unwrap();
+    }
+    conn.batch_execute("ANALYZE inbox_queue, inbox_keys")
+        .await
+        .unwrap();
+    let events: Vec<NewEvent> = (0..KEYS * 3)
+        .map(|n| ordered_among("key", KEYS, n))
+        .collect();
+    insert_events(&mut conn, &events).await.unwrap();
+    conn.batch_execute("SET plan_cache_mode = force_generic_plan")
+        .await
+        .unwrap();
+    // Claims until the first key's head comes (oldest due first: the other keys' first).
+    let mut expected = 1;
+    let (mut handed, token) = loop {
+        let claim = claim_due(&mut conn, "w1", LEASE, 100).await.unwrap();
+        assert!(!claim.events.is_empty(), "every key's head is due");
+        let ours: Vec<_> = claim
+            .events
+            .iter()
+            .filter(|event| event.ordering_key.as_deref() == Some("demo:key_0"))
+            .cloned()
+            .collect();
+        if !ours.is_empty() {
+            break (ours, claim.lease_token);
+        }
+    };
+    // Rows this session read by scanning the tables that grow (counted before they reach the
+    // statistics, earlier transactions' too: hence the difference).
+    let scanned = async |conn: &mut diesel_async::AsyncPgConnection| {
+        let scans: Scans = diesel::sql_query(
+            "SELECT coalesce(sum(seq_tup_read), 0)::bigint AS n FROM pg_stat_xact_user_tables \
+             WHERE relname IN ('inbox_queue', 'inbox_keys', 'inbox_finished') \
+                OR relname LIKE 'inbox\\_events%'",
+        )
+        .get_result(conn)
+        .await
+        .unwrap();
+        scans.n
+    };
+    while let [event] = handed.as_slice() {
+        assert_eq!(event.ordering_sequence, Some(expected));
+        conn.batch_execute("BEGIN").await.unwrap();
+        let before = scanned(&mut conn).await;
+        let next = complete_all_keyed(&mut conn, &[event.id], token, "w1", LEASE)
+            .await
+            .unwrap();
+        let read = scanned(&mut conn).await - before;
+        conn.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(
+            read, 0,
+            "a keyed completion scanned a table instead of reading its rows by key"
+        );
+        handed = next;
+        expected += 1;
+    }
+    assert!(handed.is_empty(), "one event at a time: {handed:?}");
+    assert_eq!(expected, 4, "the key's three events, in sequence");
 }

@@ -99,7 +99,8 @@ macro_rules! take_rows {
              ), keyed AS ( \
                  UPDATE inbox_keys AS key \
                  SET holder = (SELECT claimed.id FROM claimed \
-                               WHERE claimed.ordering_key = key.ordering_key) \
+                               WHERE claimed.ordering_key = key.ordering_key), \
+                     due_at = NULL \
                  WHERE key.ordering_key = ANY(ARRAY( \
                      SELECT ordering_key FROM claimed WHERE ordering_key IS NOT NULL)) \
                  RETURNING key.holder AS id, key.processed_sequence \
@@ -129,7 +130,8 @@ macro_rules! take_rows {
 /// (`inbox_keys.due_at`, kept by the triggers of migration 11), oldest first, locked `SKIP
 /// LOCKED`; then each key's head (the lowest `(ordering_sequence, id)` of its rows in the
 /// queue, whatever their state) by `inbox_queue_key_order`. A head that is ready, due and not
-/// paused is claimed, and its key taken by setting `inbox_keys.holder`; a key with an event in
+/// paused is claimed, and its key taken by setting `inbox_keys.holder` and clearing its due
+/// time (a held key has none: migration 18); a key with an event in
 /// processing or a dead head blocking it is never read. A key whose head is not due yet gets
 /// its due time raised to the head's, unless an event arrived for it since this statement's
 /// snapshot (its `arrivals` moved), so it is not read again before then; a paused head is
