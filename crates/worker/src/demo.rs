@@ -131,6 +131,25 @@ async fn apply_payment(
     Ok(())
 }
 
+/// A lateral subquery `trace` with the trace of a line written now (`written_at`,
+/// `transaction_id`, `statement_started_at`, in that order), one row when the SQL
+/// expression `$key` (the line's ordering key) is not null and none otherwise, so that an
+/// unordered line's trace columns stay empty.
+macro_rules! traced_for {
+    ($key:literal) => {
+        concat!(
+            "LEFT JOIN LATERAL ( \
+                 SELECT clock_timestamp() AS written_at, \
+                        pg_current_xact_id()::text::int8 AS transaction_id, \
+                        statement_timestamp() AS statement_started_at \
+                 WHERE ",
+            $key,
+            " IS NOT NULL \
+             ) AS trace ON true"
+        )
+    };
+}
+
 /// The sequence an ordered event's line keeps (none for an unordered event: the trace is
 /// whole or absent, `demo_ledger_ordering_trace`).
 fn trace_sequence(event: &Event) -> Option<i64> {
@@ -155,18 +174,18 @@ impl Handler for DemoLedger {
         }
         // One statement: mark the event processed and, only if it was not yet, write its line.
         let recorded = cached_sql(
-            "WITH marked AS ( \
+            concat!(
+                "WITH marked AS ( \
                  INSERT INTO processed_events (provider, event_id) VALUES ($1, $2) \
                  ON CONFLICT DO NOTHING RETURNING provider, event_id \
              ) \
              INSERT INTO demo_ledger \
                  (provider, event_id, event_type, ordering_key, ordering_sequence, stale, \
                   written_at, transaction_id, statement_started_at) \
-             SELECT provider, event_id, $3, $4, $5, $6, \
-                 CASE WHEN $4::text IS NOT NULL THEN clock_timestamp() END, \
-                 CASE WHEN $4::text IS NOT NULL THEN pg_current_xact_id()::text::int8 END, \
-                 CASE WHEN $4::text IS NOT NULL THEN statement_timestamp() END \
-             FROM marked",
+             SELECT provider, event_id, $3, $4, $5, $6, trace.* \
+             FROM marked ",
+                traced_for!("$4::text")
+            ),
             (
                 bind::<Text, _>(&event.provider),
                 bind::<Text, _>(&event.event_id),
@@ -209,7 +228,8 @@ impl Handler for DemoLedger {
         let sequences: Vec<Option<i64>> = events.iter().map(|e| trace_sequence(e)).collect();
         let stale: Vec<Option<bool>> = events.iter().map(|e| trace_stale(e)).collect();
         let recorded: Vec<RecordedKey> = cached_sql(
-            "WITH input AS ( \
+            concat!(
+                "WITH input AS ( \
                  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], \
                                       $5::int8[], $6::bool[]) \
                      AS input(provider, event_id, event_type, ordering_key, \
@@ -223,13 +243,11 @@ impl Handler for DemoLedger {
                  (provider, event_id, event_type, ordering_key, ordering_sequence, stale, \
                   written_at, transaction_id, statement_started_at) \
              SELECT marked.provider, marked.event_id, input.event_type, input.ordering_key, \
-                 input.ordering_sequence, input.stale, \
-                 CASE WHEN input.ordering_key IS NOT NULL THEN clock_timestamp() END, \
-                 CASE WHEN input.ordering_key IS NOT NULL \
-                      THEN pg_current_xact_id()::text::int8 END, \
-                 CASE WHEN input.ordering_key IS NOT NULL THEN statement_timestamp() END \
-             FROM marked JOIN input USING (provider, event_id) \
-             RETURNING provider, event_id",
+                 input.ordering_sequence, input.stale, trace.* \
+             FROM marked JOIN input USING (provider, event_id) ",
+                traced_for!("input.ordering_key"),
+                " RETURNING provider, event_id"
+            ),
             (
                 bind::<Array<Text>, _>(&providers),
                 bind::<Array<Text>, _>(&event_ids),

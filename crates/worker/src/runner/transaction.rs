@@ -170,11 +170,8 @@ impl Worker {
         token: Uuid,
     ) -> Result<Vec<Batch>, AttemptError> {
         let ids: Vec<i64> = events.iter().map(|event| event.id).collect();
-        let keys: Vec<&str> = events
-            .iter()
-            .filter_map(|event| event.ordering_key.as_deref())
-            .collect();
-        Ok(self.complete_and_hand_on(tx, &ids, &keys, token).await?)
+        let ordered = events.iter().any(|event| event.ordering_key.is_some());
+        Ok(self.complete_and_hand_on(tx, &ids, ordered, token).await?)
     }
 
     /// Whether the transaction that handed `handed_on` on, having run `ran` events, runs
@@ -201,17 +198,17 @@ impl Worker {
         events
     }
 
-    /// Completes `ids` in `tx`; when some are ordered (`keys`, theirs), hands those keys on
-    /// to their next events ([`inbox::complete_all_keyed`]) and returns these, claimed under
+    /// Completes `ids` in `tx`; when some are `ordered`, hands their keys on to their next
+    /// events ([`inbox::complete_all_keyed`]) and returns these, claimed under
     /// `token`, in batches. Unordered events pay nothing for it.
     async fn complete_and_hand_on(
         &self,
         tx: &mut AsyncPgConnection,
         ids: &[i64],
-        keys: &[&str],
+        ordered: bool,
         token: Uuid,
     ) -> Result<Vec<Batch>, inbox::TransitionError> {
-        if keys.is_empty() {
+        if !ordered {
             inbox::complete_all(tx, ids, token).await?;
             return Ok(Vec::new());
         }
@@ -310,15 +307,15 @@ impl Worker {
             }
         }
         let mut completed = Vec::with_capacity(batch.len());
-        let mut keys: Vec<&str> = Vec::new();
+        let mut ordered = false;
         for (routed, outcome) in batch.iter().zip(&outcomes) {
             if matches!(outcome, Outcome::Done(_)) {
                 completed.push(routed.event.id);
-                keys.extend(routed.event.ordering_key.as_deref());
+                ordered |= routed.event.ordering_key.is_some();
             }
         }
         let handed_on = self
-            .complete_and_hand_on(tx, &completed, &keys, steps.token)
+            .complete_and_hand_on(tx, &completed, ordered, steps.token)
             .await?;
         Ok((outcomes, handed_on))
     }
