@@ -73,6 +73,11 @@ else:
 w("")
 settings = run.get("settings", {})
 w(f"Database: {run.get('database')}; " + ", ".join(f"`{k}={v}`" for k, v in sorted(settings.items())) + ".")
+os_settings = run.get("os_settings")
+if os_settings:
+    w("")
+    w("Kernel page-cache writeback on the database host: "
+      + ", ".join(f"`{k}={v}`" for k, v in sorted(os_settings.items())) + ".")
 w("")
 w("Reproduce: `make soak` (`SOAK_MINUTES`, `SOAK_SHARE`, `SOAK_RATE`, `SOAK_PROFILE`; see `bench/soak`).")
 w("")
