@@ -295,14 +295,18 @@ async fn notifications_to_the_workers_are_spaced_and_cover_every_commit_meanwhil
         );
     }
     let second = next(&mut notifications).await;
+    // Arrivals are timed where they are read, so a notification read late (the listener's
+    // own wait for a core) shortens the gap seen after it by that much; unspaced ones would
+    // arrive within milliseconds of each other.
+    let spaced = spacing * 9 / 10;
     assert!(
-        second - first >= spacing,
+        second - first >= spaced,
         "the next notification waits for the spacing ({:?})",
         second - first
     );
     assert_eq!(post(&receiver, event("evt-last", "")).await, accepted);
     let third = next(&mut notifications).await;
-    assert!(third - second >= spacing);
+    assert!(third - second >= spaced);
     // Had each commit queued a notification of its own, they would go on arriving a spacing
     // apart.
     assert!(
