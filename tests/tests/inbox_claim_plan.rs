@@ -14,7 +14,7 @@ use diesel::QueryableByName;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use inbox_core::inbox::{
     claim_due, complete_all, complete_all_keyed, dead_letter, insert_events, ordering_key,
-    EventOrdering, NewEvent,
+    prepare_claim_session, EventOrdering, NewEvent,
 };
 use test_db::TestDatabase;
 
@@ -270,4 +270,44 @@ async fn a_keyed_completion_hands_on_by_key_under_a_generic_plan() {
     }
     assert!(handed.is_empty(), "one event at a time: {handed:?}");
     assert_eq!(expected, 4, "the key's three events, in sequence");
+}
+
+#[derive(QueryableByName)]
+struct Plans {
+    #[diesel(sql_type = BigInt)]
+    generic_plans: i64,
+    #[diesel(sql_type = BigInt)]
+    custom_plans: i64,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    jit: String,
+}
+
+/// Left to choose, PostgreSQL plans the claim anew for its `LIMIT` at every execution (its
+/// first five always): on a claim session it is planned once, and never compiled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_session_plans_the_claim_once_and_never_compiles_it() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let events: Vec<NewEvent> = (0..200).map(event).collect();
+    insert_events(&mut conn, &events).await.unwrap();
+    prepare_claim_session(&mut conn).await.unwrap();
+    for _ in 0..8 {
+        let claim = claim_due(&mut conn, "w1", Duration::from_secs(30), 10)
+            .await
+            .unwrap();
+        assert_eq!(claim.events.len(), 10);
+    }
+    let plans: Plans = diesel::sql_query(
+        "SELECT generic_plans, custom_plans, current_setting('jit') AS jit \
+         FROM pg_prepared_statements WHERE statement LIKE '%FOR UPDATE SKIP LOCKED%'",
+    )
+    .get_result(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(plans.custom_plans, 0, "no claim planned for its values");
+    assert_eq!(
+        plans.generic_plans, 8,
+        "the one generic plan, used by every claim"
+    );
+    assert_eq!(plans.jit, "off");
 }

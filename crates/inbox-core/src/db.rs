@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use diesel_async::pooled_connection::bb8::Pool;
-use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig, PoolError};
+use diesel_async::pooled_connection::{
+    AsyncDieselConnectionManager, ManagerConfig, PoolError, PoolableConnection, RecyclingMethod,
+};
 use diesel_async::{AsyncMigrationHarness, AsyncPgConnection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use futures_util::FutureExt;
@@ -144,14 +146,30 @@ impl DatabaseArgs {
             let settings = settings.clone();
             async move { settings.establish().await }.boxed()
         });
+        // Checked out, a connection is only tested for what is known without a round trip:
+        // one whose socket the driver already saw closed (the server restarted or failed
+        // over while it sat idle) is dropped and another taken, instead of failing the first
+        // statement of whatever got it. Any other breakage is found by the query that meets it.
+        config.recycling_method = RecyclingMethod::CustomFunction(Box::new(|conn| {
+            let closed = PoolableConnection::is_broken(conn);
+            async move {
+                if closed {
+                    Err(diesel::result::Error::DatabaseError(
+                        diesel::result::DatabaseErrorKind::ClosedConnection,
+                        Box::new("pooled connection closed".to_string()),
+                    ))
+                } else {
+                    Ok(())
+                }
+            }
+            .boxed()
+        }));
         // The URL is in the settings; the manager's copy is never used.
         let manager = AsyncDieselConnectionManager::new_with_config("", config);
         Ok(Pool::builder()
             .max_size(self.db_pool_size)
             .connection_timeout(self.db_connect_timeout)
-            // A broken connection is found by the query that uses it; checking each checkout
-            // would add a round trip to every request.
-            .test_on_check_out(false)
+            .test_on_check_out(true)
             .error_sink(Box::new(LogConnectionErrors::default()))
             .build_unchecked(manager))
     }

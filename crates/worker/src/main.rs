@@ -239,10 +239,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }),
     };
     // Every attempt in flight may hold a connection (a transaction each for database
-    // handlers, a completion for forwards), plus the claim loops and housekeeping; the lease
-    // keeper has a connection of its own.
+    // handlers, a completion for forwards), plus housekeeping and the journal's days; the
+    // lease keeper and each claim loop have a connection of their own.
     let mut db = args.db.clone();
-    let needed = u32::from(args.concurrency) + 4;
+    let needed = u32::from(args.concurrency) + 2;
     if db.db_pool_size < needed {
         tracing::info!(
             configured = db.db_pool_size,

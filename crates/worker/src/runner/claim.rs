@@ -15,11 +15,17 @@
 //! handlers work in the database alone, or there are no routes), an attempt carries up to a
 //! transaction's worth of events, and a slot is claimed per `transaction_size` events: the
 //! default concurrency then keeps claims full and many transactions in flight, with no flags.
+//!
+//! Each loop claims on a connection of its own, outside the pool, set up for the claim
+//! statement alone ([`inbox::prepare_claim_session`]: planned once, never compiled); the
+//! pool's sessions keep the server's own planning for the handlers' statements.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use diesel_async::pooled_connection::PoolableConnection;
+use diesel_async::AsyncPgConnection;
 use inbox_core::inbox;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
@@ -54,6 +60,7 @@ impl Worker {
         };
         // The last claim took every due event: no claim until the loop has idled.
         let mut nothing_more_due = false;
+        let mut session = ClaimSession::default();
         loop {
             while in_flight.try_join_next().is_some() {}
             if *shutdown.borrow() {
@@ -61,7 +68,7 @@ impl Worker {
             }
             self.start_waiting(&mut waiting, &slots, &mut in_flight, &shutdown);
             if nothing_more_due && waiting.is_empty() {
-                let next_due = self.next_due().await;
+                let next_due = self.next_due(&mut session).await;
                 self.idle(&mut shutdown, next_due).await;
                 nothing_more_due = false;
                 continue;
@@ -79,7 +86,7 @@ impl Worker {
             if !self.wait_claim_spacing(&mut shutdown).await {
                 break;
             }
-            let claimed = match self.claim(room).await {
+            let claimed = match self.claim(&mut session, room).await {
                 Ok(claim) => claim,
                 Err(err) => {
                     tracing::warn!(error = %err, "claiming events failed; retrying after the poll interval");
@@ -178,12 +185,11 @@ impl Worker {
         }
     }
 
-    async fn next_due(&self) -> Option<chrono::DateTime<chrono::Utc>> {
-        let mut conn = self.connection().await.ok()?;
-        inbox_core::operations::next_due(&mut conn)
-            .await
-            .ok()
-            .flatten()
+    async fn next_due(&self, session: &mut ClaimSession) -> Option<chrono::DateTime<chrono::Utc>> {
+        let conn = session.connection(self).await.ok()?;
+        let next_due = inbox_core::operations::next_due(conn).await;
+        session.forget_unless(next_due.is_ok());
+        next_due.ok().flatten()
     }
 
     /// Waits for a notification, the next due retry, the poll interval or shutdown, whichever
@@ -223,10 +229,16 @@ impl Worker {
         }
     }
 
-    async fn claim(&self, limit: usize) -> Result<inbox::Claim, WorkerError> {
-        let mut conn = self.connection().await?;
+    async fn claim(
+        &self,
+        session: &mut ClaimSession,
+        limit: usize,
+    ) -> Result<inbox::Claim, WorkerError> {
+        let conn = session.connection(self).await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        Ok(inbox::claim_due(&mut conn, &self.settings.name, self.settings.lease, limit).await?)
+        let claimed = inbox::claim_due(conn, &self.settings.name, self.settings.lease, limit).await;
+        session.forget_unless(claimed.is_ok());
+        Ok(claimed?)
     }
 
     /// Gives back rows claimed under `token` but never started, their attempts unspent.
@@ -238,6 +250,40 @@ impl Worker {
         .await;
         if let Err(err) = result {
             tracing::warn!(error = %err, "releasing unstarted events failed; their leases will expire");
+        }
+    }
+}
+
+/// A claim loop's own connection: opened when first needed, set up for claims, and opened
+/// anew once closed, or after a statement on it failed, which may leave its session gone or
+/// in an unknown state.
+#[derive(Default)]
+struct ClaimSession {
+    conn: Option<AsyncPgConnection>,
+}
+
+impl ClaimSession {
+    async fn connection(&mut self, worker: &Worker) -> Result<&mut AsyncPgConnection, WorkerError> {
+        // A connection closed under it (the server restarted, or failed over) is replaced
+        // before the claim, as the pool replaces its own.
+        if let Some(mut conn) = self.conn.take() {
+            if !PoolableConnection::is_broken(&mut conn) {
+                return Ok(self.conn.insert(conn));
+            }
+        }
+        let mut conn = worker
+            .connections
+            .establish()
+            .await
+            .map_err(|err| WorkerError::NoConnection(err.to_string()))?;
+        inbox::prepare_claim_session(&mut conn).await?;
+        Ok(self.conn.insert(conn))
+    }
+
+    /// Closes the connection unless its last statement succeeded.
+    fn forget_unless(&mut self, succeeded: bool) {
+        if !succeeded {
+            self.conn = None;
         }
     }
 }

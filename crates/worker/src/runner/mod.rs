@@ -48,13 +48,13 @@ pub struct Worker {
     wake: Arc<Notify>,
     claim_spacing: Arc<ClaimSpacing>,
     leases: Arc<LeaseKeeper>,
-    /// How the lease keeper opens its own connection, outside the pool.
+    /// How the lease keeper and the claim loops open their own connections, outside the pool.
     connections: ConnectionSettings,
 }
 
 impl Worker {
-    /// A worker on `database` (a pool of its size, and one more connection for the lease
-    /// keeper) running `router`'s handlers. Fails on unreadable connection settings.
+    /// A worker on `database` (a pool of its size, one more connection for the lease keeper
+    /// and one for each claim loop) running `router`'s handlers. Fails on unreadable connection settings.
     pub fn new(
         database: &DatabaseArgs,
         router: Router,
