@@ -580,3 +580,105 @@ async fn the_queue_is_vacuumed_after_one_percent_of_dead_rows() {
         1
     );
 }
+
+#[derive(diesel::QueryableByName)]
+struct KeyHolder {
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    holder: Option<i64>,
+}
+
+/// The completion of an ordered event frees its key itself, and the trigger that frees keys
+/// on any other transition skips it (migration 19). The key must still be freed when the
+/// next event the statement meant to hand the key on to leaves the queue under it: here,
+/// deleted by another transaction that commits while the completion waits for that row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_completion_frees_its_key_when_the_next_event_leaves_under_it() {
+    let db = TestDatabase::new().await;
+    let mut worker = db.connect().await;
+    let mut other = db.connect().await;
+    let key = inbox::ordering_key("demo", "order_1");
+    let ordered: Vec<NewEvent> = events(2)
+        .into_iter()
+        .zip(1..)
+        .map(|(event, sequence)| NewEvent {
+            ordering: Some(inbox::EventOrdering {
+                key: key.clone(),
+                sequence,
+                hold: Duration::ZERO,
+            }),
+            ..event
+        })
+        .collect();
+    inbox::insert_events(&mut worker, &ordered).await.unwrap();
+    let claim = inbox::claim_due(&mut worker, "w1", LEASE, 10)
+        .await
+        .unwrap();
+    let [head] = claim.events.as_slice() else {
+        panic!(
+            "one event of the key is claimed at a time: {:?}",
+            claim.events
+        );
+    };
+    let next = count(
+        &mut other,
+        &format!("SELECT id AS n FROM inbox_queue WHERE id <> {}", head.id),
+    )
+    .await;
+
+    // Another transaction takes the next event out of the queue and holds it.
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut other,
+        &format!("BEGIN; DELETE FROM inbox_queue WHERE id = {next}"),
+    )
+    .await
+    .unwrap();
+    let worker_pid: i64 = count(&mut worker, "SELECT pg_backend_pid()::bigint AS n").await;
+    let head_id = head.id;
+    let completion = tokio::spawn(async move {
+        diesel_async::SimpleAsyncConnection::batch_execute(&mut worker, "BEGIN")
+            .await
+            .unwrap();
+        let handed =
+            inbox::complete_all_keyed(&mut worker, &[head_id], claim.lease_token, "w1", LEASE)
+                .await
+                .unwrap();
+        diesel_async::SimpleAsyncConnection::batch_execute(&mut worker, "COMMIT")
+            .await
+            .unwrap();
+        handed
+    });
+    // The completion read the next event as ready and now waits for its row.
+    let waiting = format!(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE pid = {worker_pid} AND wait_event_type = 'Lock'"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while count(&mut other, &waiting).await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the completion never waited for the next event"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut other, "COMMIT")
+        .await
+        .unwrap();
+
+    let handed = completion.await.unwrap();
+    assert!(handed.is_empty(), "nothing is left to hand on: {handed:?}");
+    let holders: Vec<KeyHolder> =
+        diesel::sql_query("SELECT holder FROM inbox_keys WHERE ordering_key = $1")
+            .bind::<diesel::sql_types::Text, _>(&key)
+            .load(&mut other)
+            .await
+            .unwrap();
+    let holders: Vec<Option<i64>> = holders.into_iter().map(|key| key.holder).collect();
+    assert_eq!(
+        holders,
+        vec![None],
+        "the key is free once its event is done"
+    );
+    assert_eq!(
+        count(&mut other, "SELECT count(*) AS n FROM inbox_queue").await,
+        0
+    );
+}
