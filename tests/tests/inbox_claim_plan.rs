@@ -272,6 +272,68 @@ async fn a_keyed_completion_hands_on_by_key_under_a_generic_plan() {
     assert_eq!(expected, 4, "the key's three events, in sequence");
 }
 
+/// Rows of `inbox_keys` this transaction read by scanning the table.
+async fn keys_scanned(conn: &mut diesel_async::AsyncPgConnection) -> i64 {
+    let scans: Scans = diesel::sql_query(
+        "SELECT coalesce(sum(seq_tup_read), 0)::bigint AS n FROM pg_stat_xact_user_tables \
+         WHERE relname = 'inbox_keys'",
+    )
+    .get_result(conn)
+    .await
+    .unwrap();
+    scans.n
+}
+
+/// A key's row stays once its events are done (its `processed_sequence` recognises late
+/// arrivals), so `inbox_keys` holds every key ever seen. Under a generic plan, which cannot
+/// know how many keys a claim locks or looks at, the claim must still read their rows by key,
+/// both to take keys and to put off those whose head cannot be claimed yet, instead of
+/// hashing the whole table at each claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordered_claim_reads_keys_by_key_under_a_generic_plan() {
+    const KEYS: usize = 5_000;
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let events: Vec<NewEvent> = (0..KEYS).map(|n| ordered_among("key", KEYS, n)).collect();
+    for chunk in events.chunks(500) {
+        insert_events(&mut conn, chunk).await.unwrap();
+    }
+    conn.batch_execute("ANALYZE inbox_queue, inbox_keys; SET plan_cache_mode = force_generic_plan")
+        .await
+        .unwrap();
+    let claim_scanning = async |conn: &mut diesel_async::AsyncPgConnection| {
+        conn.batch_execute("BEGIN").await.unwrap();
+        let before = keys_scanned(conn).await;
+        let claim = claim_due(conn, "w1", Duration::from_secs(30), 100)
+            .await
+            .unwrap();
+        let read = keys_scanned(conn).await - before;
+        conn.batch_execute("COMMIT").await.unwrap();
+        (claim.events.len(), read)
+    };
+
+    // Paused, no head can be claimed: each key looked at is put off by a second.
+    conn.batch_execute(
+        "INSERT INTO inbox_paused_routes (provider, event_type, paused_by) \
+         VALUES ('demo', '*', 'test')",
+    )
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        let (claimed, read) = claim_scanning(&mut conn).await;
+        assert_eq!(claimed, 0, "every head is paused");
+        assert_eq!(read, 0, "a claim putting keys off scanned {read} keys");
+    }
+    conn.batch_execute("DELETE FROM inbox_paused_routes; UPDATE inbox_keys SET due_at = now()")
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let (claimed, read) = claim_scanning(&mut conn).await;
+        assert_eq!(claimed, 100, "a hundred free keys' heads are due");
+        assert_eq!(read, 0, "a claim taking keys scanned {read} keys");
+    }
+}
+
 #[derive(QueryableByName)]
 struct Plans {
     #[diesel(sql_type = BigInt)]

@@ -151,6 +151,14 @@ macro_rules! take_rows {
 /// partition has no statistics (its first minute) hashes the whole partition on every claim,
 /// bodies included, and keeps doing so as the day fills.
 ///
+/// The keys are read the same way: each due key's version in the statement's snapshot (its
+/// `arrivals` then) in a `LATERAL` subquery, and the keys whose due time is raised by primary
+/// key from an array. Joined plainly to the keys locked or looked at, whose number the generic
+/// plan cannot know, `inbox_keys` was hashed whole at every claim, every key ever seen (a
+/// key's row stays for its `processed_sequence`), for as long as the planner found the table
+/// small enough: 1.9 ms of a 4.5 ms claim at 10,000 keys, and the drain of 20,000 events at
+/// 17,889/s instead of 26,364/s beside 50,000 keys of events long done.
+///
 /// The due ids are collected into arrays first, evaluated once, and the rows updated by
 /// primary key. Joined to a subquery (or to a materialized CTE) instead, the statement has a
 /// generic plan that scans the whole table, because the planner cannot see the `LIMIT`:
@@ -201,7 +209,10 @@ pub async fn claim_due(
                         coalesce(head.status = {ready} AND head.next_attempt_at > now(), false) \
                             AS waiting \
                  FROM due_keys \
-                 JOIN inbox_keys AS seen ON seen.ordering_key = due_keys.ordering_key \
+                 CROSS JOIN LATERAL ( \
+                     SELECT seen.arrivals FROM inbox_keys AS seen \
+                     WHERE seen.ordering_key = due_keys.ordering_key LIMIT 1 \
+                 ) AS seen \
                  LEFT JOIN LATERAL ( \
                      SELECT inbox_queue.id, inbox_queue.status, inbox_queue.next_attempt_at, \
                             {not_paused} AS not_paused \
@@ -211,12 +222,13 @@ pub async fn claim_due(
                  ) AS head ON true \
              ), rescheduled AS ( \
                  UPDATE inbox_keys AS key \
-                 SET due_at = CASE WHEN heads.waiting THEN heads.next_attempt_at \
-                                   WHEN heads.id IS NULL THEN NULL \
-                                   ELSE now() + interval '1 second' END \
-                 FROM heads \
-                 WHERE key.ordering_key = heads.ordering_key AND NOT heads.claimable \
-                   AND heads.unchanged \
+                 SET due_at = ( \
+                     SELECT CASE WHEN heads.waiting THEN heads.next_attempt_at \
+                                 WHEN heads.id IS NULL THEN NULL \
+                                 ELSE now() + interval '1 second' END \
+                     FROM heads WHERE heads.ordering_key = key.ordering_key) \
+                 WHERE key.ordering_key = ANY(ARRAY( \
+                     SELECT ordering_key FROM heads WHERE NOT claimable AND unchanged)) \
              ), ",
             take_rows!("(SELECT ids FROM plain) || ARRAY(SELECT id FROM heads WHERE claimable)")
         )),
