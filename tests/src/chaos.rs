@@ -1117,7 +1117,8 @@ pub struct Check {
     /// Acknowledged events the database lost: missing, or answered `accepted` a second time
     /// (the first row vanished, a later copy was stored again).
     pub acked_lost: u64,
-    /// Rows that took more than one attempt (a killed worker's, a failed transaction's).
+    /// Rows whose attempt failed and was retried. A killed worker's rows are not among them:
+    /// the rescue gives their attempt back (it counts rescues instead).
     pub retried_rows: u64,
     /// Most rows seen in processing well past their lease, at one time.
     pub stuck_leases_seen: u64,
@@ -1787,7 +1788,10 @@ impl Outcome {
             ),
             (
                 "rows attempted twice or more",
-                format!("{} (in flight at a kill or an outage)", c.retried_rows),
+                format!(
+                    "{} (a failed attempt retried; a rescue gives its attempt back)",
+                    c.retried_rows
+                ),
             ),
             (
                 "dead letters",
