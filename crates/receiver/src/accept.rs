@@ -76,9 +76,12 @@ pub async fn store_all(
         .into_iter()
         .map(|event| {
             let body = event.body.unwrap_or_else(|| body.to_vec());
-            let ordering = provider.ordering.as_ref().and_then(|ordering| {
-                ordering.of_event(&provider.name, &RequestHeaders(headers), &body)
-            });
+            let ordering = match &provider.ordering {
+                Some(ordering) => ordering
+                    .of_event(&provider.name, &RequestHeaders(headers), &body)
+                    .map_err(|repeated| ApiError::Identify(repeated.into()))?,
+                None => None,
+            };
             // Event ids and types are checked when identified; a key may come from any string
             // of the body.
             if ordering

@@ -17,8 +17,9 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use inbox_core::inbox::{ordering_key, EventOrdering};
 use inbox_signature::HeaderSource;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::value::RawValue;
 
+use crate::json_field::{scalar_at, RepeatedMember};
 use crate::providers::{FieldSource, Providers};
 
 /// Longest ordering value kept; a longer one is cut (keys are compared, not displayed).
@@ -97,72 +98,57 @@ impl OrderingSpec {
     }
 
     /// The ordering of one event of `provider` (its body `body`), or `None` when the event
-    /// has no key: it is then processed unordered.
+    /// has no key: it is then processed unordered. Values are read from the body's raw text
+    /// as its id is ([`scalar_at`]): a numeric key keeps every digit, and a member the body
+    /// names twice on the key's or the sequence's path is an error, not one of its values.
     pub fn of_event(
         &self,
         provider: &str,
         headers: &dyn HeaderSource,
         body: &[u8],
-    ) -> Option<EventOrdering> {
-        let json: Option<Value> = serde_json::from_slice(body).ok();
-        let key = read(&self.key, headers, json.as_ref())?;
-        let key = key.as_text()?;
+    ) -> Result<Option<EventOrdering>, RepeatedMember> {
+        let json = serde_json::from_slice::<&RawValue>(body).ok();
+        let Some(key) = read(&self.key, headers, json)? else {
+            return Ok(None);
+        };
         if key.is_empty() {
-            return None;
+            return Ok(None);
         }
         let key: String = key.chars().take(MAX_KEY_CHARS).collect();
-        let sequence = self
-            .sequence
-            .as_ref()
-            .and_then(|source| read(source, headers, json.as_ref()))
-            .and_then(|value| value.as_sequence())
-            .unwrap_or(0);
-        Some(EventOrdering {
+        let sequence = match &self.sequence {
+            Some(source) => read(source, headers, json)?.and_then(|text| as_sequence(&text)),
+            None => None,
+        };
+        Ok(Some(EventOrdering {
             key: ordering_key(provider, &key),
-            sequence,
+            sequence: sequence.unwrap_or(0),
             hold: self.reorder_window,
-        })
+        }))
     }
 }
 
-/// A value read from a header or the body.
-enum Read {
-    Header(String),
-    Json(Value),
-}
-
-fn read(source: &FieldSource, headers: &dyn HeaderSource, json: Option<&Value>) -> Option<Read> {
-    match source {
-        FieldSource::Header(name) => headers.header(name).map(|v| Read::Header(v.to_owned())),
-        FieldSource::JsonPointer(pointer) => json?.pointer(pointer).cloned().map(Read::Json),
-        _ => None,
+/// The text of a header, or of a scalar of the body (a string's text, a number's spelling).
+fn read(
+    source: &FieldSource,
+    headers: &dyn HeaderSource,
+    json: Option<&RawValue>,
+) -> Result<Option<String>, RepeatedMember> {
+    match (source, json) {
+        (FieldSource::Header(name), _) => Ok(headers.header(name).map(str::to_owned)),
+        (FieldSource::JsonPointer(pointer), Some(json)) => scalar_at(json, pointer),
+        _ => Ok(None),
     }
 }
 
-impl Read {
-    fn as_text(&self) -> Option<String> {
-        match self {
-            Self::Header(text) | Self::Json(Value::String(text)) => Some(text.clone()),
-            Self::Json(Value::Number(number)) => Some(number.to_string()),
-            Self::Json(_) => None,
-        }
-    }
-
-    /// An integer (a version, a Unix time), as a number or a decimal string, or an RFC 3339
-    /// time (as microseconds since the epoch).
-    fn as_sequence(&self) -> Option<i64> {
-        match self {
-            Self::Json(Value::Number(number)) => number.as_i64(),
-            Self::Header(text) | Self::Json(Value::String(text)) => {
-                text.trim().parse::<i64>().ok().or_else(|| {
-                    chrono::DateTime::parse_from_rfc3339(text.trim())
-                        .ok()
-                        .map(|time| time.timestamp_micros())
-                })
-            }
-            Self::Json(_) => None,
-        }
-    }
+/// An integer (a version, a Unix time), as a number or a decimal string, or an RFC 3339 time
+/// (as microseconds since the epoch).
+fn as_sequence(text: &str) -> Option<i64> {
+    let text = text.trim();
+    text.parse::<i64>().ok().or_else(|| {
+        chrono::DateTime::parse_from_rfc3339(text)
+            .ok()
+            .map(|time| time.timestamp_micros())
+    })
 }
 
 /// Records each ordered provider's policies (late arrivals, dead heads) where the workers
@@ -232,13 +218,14 @@ mod tests {
                 &none,
                 br#"{"created": 1700000000, "data": {"object": {"id": "pi_1"}}}"#,
             )
+            .unwrap()
             .unwrap();
         assert_eq!(ordering.key, "stripe:pi_1");
         assert_eq!(ordering.sequence, 1_700_000_000);
         assert_eq!(ordering.hold, Duration::from_secs(2));
         assert_eq!(
             from_body.of_event("stripe", &none, br#"{"created": 1}"#),
-            None
+            Ok(None)
         );
 
         let from_header =
@@ -247,7 +234,10 @@ mod tests {
             ("x-entity", "order-9"),
             ("x-version", "2024-01-01T00:00:01Z"),
         ]));
-        let ordering = from_header.of_event("shop", &headers, b"not json").unwrap();
+        let ordering = from_header
+            .of_event("shop", &headers, b"not json")
+            .unwrap()
+            .unwrap();
         assert_eq!(ordering.key, "shop:order-9");
         assert_eq!(ordering.sequence, 1_704_067_201_000_000);
         assert_eq!(ordering.hold, Duration::ZERO);
@@ -262,12 +252,14 @@ mod tests {
             ordering
                 .of_event("p", &none, br#"{"id": 7, "v": "soon"}"#)
                 .unwrap()
+                .unwrap()
                 .sequence,
             0
         );
         assert_eq!(
             ordering
                 .of_event("p", &none, br#"{"id": 7, "v": "12"}"#)
+                .unwrap()
                 .unwrap()
                 .sequence,
             12
@@ -278,5 +270,30 @@ mod tests {
         );
         assert!(spec("key = { form_field = \"id\" }").validate().is_err());
         assert!(spec("key = { json_pointer = \"id\" }").validate().is_err());
+    }
+
+    #[test]
+    fn a_numeric_key_keeps_every_digit_and_a_repeated_member_is_refused() {
+        let ordering =
+            spec("key = { json_pointer = \"/id\" }\nsequence = { json_pointer = \"/v\" }");
+        let none = Headers(HashMap::new());
+        let key_of = |body: &[u8]| ordering.of_event("p", &none, body).unwrap().unwrap().key;
+        assert_eq!(
+            key_of(br#"{"id": 8262010272424615981079}"#),
+            "p:8262010272424615981079"
+        );
+        assert_ne!(
+            key_of(br#"{"id": 8262010272424615981079}"#),
+            key_of(br#"{"id": 8262010272424615981080}"#)
+        );
+        assert_eq!(key_of(br#"{"id": "o\u0031"}"#), "p:o1");
+        assert_eq!(
+            ordering.of_event("p", &none, br#"{"id": 1, "id": 2}"#),
+            Err(RepeatedMember("id".into()))
+        );
+        assert_eq!(
+            ordering.of_event("p", &none, br#"{"id": 1, "v": 1, "v": 2}"#),
+            Err(RepeatedMember("v".into()))
+        );
     }
 }

@@ -609,7 +609,9 @@ mod tests {
                     1_700_000_000,
                     "http://127.0.0.1:9/webhooks/ordered",
                 );
-                let read = spec.of_event("ordered", &headers, &body);
+                let read = spec
+                    .of_event("ordered", &headers, &body)
+                    .expect("no member named twice");
                 match (&event.object, event.sequence) {
                     (Some(object), Some(sequence)) => {
                         let read = read.expect("an ordering");
