@@ -682,3 +682,109 @@ async fn a_keyed_completion_frees_its_key_when_the_next_event_leaves_under_it() 
         0
     );
 }
+
+/// The events of `key`, in order: sequences 1, 2, ...
+fn ordered_events(key: &str, n: usize) -> Vec<NewEvent> {
+    events(n)
+        .into_iter()
+        .zip(1..)
+        .map(|(event, sequence)| NewEvent {
+            ordering: Some(inbox::EventOrdering {
+                key: key.to_owned(),
+                sequence,
+                hold: Duration::ZERO,
+            }),
+            ..event
+        })
+        .collect()
+}
+
+/// An arrival for a free key already due no later than itself changes nothing a claim reads:
+/// it locks the key's row, so no claim takes the key until the arrival commits, but does not
+/// write a new version of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arrival_for_a_key_already_due_locks_it_without_writing_it() {
+    let db = TestDatabase::new().await;
+    let mut worker = db.connect().await;
+    let mut receiver = db.connect().await;
+    let key = inbox::ordering_key("demo", "order_1");
+    let [first, second]: [NewEvent; 2] = ordered_events(&key, 2).try_into().unwrap();
+    inbox::insert_events(&mut receiver, &[first]).await.unwrap();
+    let version = "SELECT xmin::text::bigint AS n FROM inbox_keys";
+    let written_by = count(&mut receiver, version).await;
+
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut receiver, "BEGIN")
+        .await
+        .unwrap();
+    inbox::insert_events(&mut receiver, &[second])
+        .await
+        .unwrap();
+    let claim = inbox::claim_due(&mut worker, "w1", LEASE, 10)
+        .await
+        .unwrap();
+    assert!(
+        claim.events.is_empty(),
+        "a claim passes the key while an arrival holds it: {:?}",
+        claim.events
+    );
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut receiver, "COMMIT")
+        .await
+        .unwrap();
+
+    assert_eq!(
+        count(&mut receiver, version).await,
+        written_by,
+        "the arrival wrote the key's row"
+    );
+    let claim = inbox::claim_due(&mut worker, "w1", LEASE, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        claim
+            .events
+            .iter()
+            .map(|e| e.event_id.as_str())
+            .collect::<Vec<_>>(),
+        ["evt_0"],
+        "the key's head is claimed once the arrival committed"
+    );
+}
+
+/// A claim that cannot take a key's head puts the key off until the head falls due; the head
+/// it puts it off for is read again after the key's lock, so an event that arrived ahead of
+/// the head the claim saw (a late one, lower in sequence) is not put off with it.
+#[tokio::test]
+async fn a_key_is_put_off_for_the_head_found_after_its_lock_not_the_one_first_seen() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let key = inbox::ordering_key("demo", "order_1");
+    let [early, late]: [NewEvent; 2] = ordered_events(&key, 2).try_into().unwrap();
+    inbox::insert_events(&mut conn, &[late]).await.unwrap();
+    let seen = count(&mut conn, "SELECT id AS n FROM inbox_queue").await;
+    let next_look = |seen_head: i64| {
+        format!(
+            "SELECT coalesce(extract(epoch FROM inbox_key_next_look('{key}', {seen_head}, \
+             now() + interval '1 hour') - now())::bigint, -1) AS n"
+        )
+    };
+    assert_eq!(
+        count(&mut conn, &next_look(seen)).await,
+        3600,
+        "the head seen is still the head: put off as the claim decided"
+    );
+
+    inbox::insert_events(&mut conn, &[early]).await.unwrap();
+    assert!(
+        count(&mut conn, &next_look(seen)).await <= 0,
+        "an earlier event is the head now and is due at once"
+    );
+
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "DELETE FROM inbox_queue")
+        .await
+        .unwrap();
+    assert_eq!(
+        count(&mut conn, &next_look(seen)).await,
+        -1,
+        "a key with nothing queued has no due time"
+    );
+}

@@ -133,9 +133,12 @@ macro_rules! take_rows {
 /// paused is claimed, and its key taken by setting `inbox_keys.holder` and clearing its due
 /// time (a held key has none: migration 18); a key with an event in
 /// processing or a dead head blocking it is never read. A key whose head is not due yet gets
-/// its due time raised to the head's, unless an event arrived for it since this statement's
-/// snapshot (its `arrivals` moved), so it is not read again before then; a paused head is
-/// looked at again a second later. The key is freed when its event leaves processing, by
+/// its due time raised to the head's, so it is not read again before then, and a paused head is
+/// looked at again a second later; but the head is read once more first, after the key's lock,
+/// in a snapshot of its own (`inbox_key_next_look`, migration 20), and a key whose head is no
+/// longer the one this statement's snapshot showed (an event arrived since) is due when that
+/// head is. An arrival that finds its key due no later than itself locks the key's row without
+/// writing it, so nothing in the row tells a claim of it. The key is freed when its event leaves processing, by
 /// any transition: by [`complete_all_keyed`] itself, otherwise by the trigger of migration 8.
 /// The unique index
 /// `inbox_queue_one_processing_per_key` holds the guarantee in any case.
@@ -151,10 +154,8 @@ macro_rules! take_rows {
 /// partition has no statistics (its first minute) hashes the whole partition on every claim,
 /// bodies included, and keeps doing so as the day fills.
 ///
-/// The keys are read the same way: each due key's version in the statement's snapshot (its
-/// `arrivals` then) in a `LATERAL` subquery, and the keys whose due time is raised by primary
-/// key from an array. Joined plainly to the keys locked or looked at, whose number the generic
-/// plan cannot know, `inbox_keys` was hashed whole at every claim, every key ever seen (a
+/// The keys whose due time is changed are updated by primary key from an array. Joined plainly
+/// to the keys looked at, whose number the generic plan cannot know, `inbox_keys` was hashed whole at every claim, every key ever seen (a
 /// key's row stays for its `processed_sequence`), for as long as the planner found the table
 /// small enough: 1.9 ms of a 4.5 ms claim at 10,000 keys, and the drain of 20,000 events at
 /// 17,889/s instead of 26,364/s beside 50,000 keys of events long done.
@@ -196,23 +197,18 @@ pub async fn claim_due(
                      FOR UPDATE SKIP LOCKED \
                  ) AS ids FROM unflushed \
              ), due_keys AS MATERIALIZED ( \
-                 SELECT key.ordering_key, key.arrivals FROM inbox_keys AS key \
+                 SELECT key.ordering_key FROM inbox_keys AS key \
                  WHERE key.due_at <= now() AND key.holder IS NULL AND key.blocked_by IS NULL \
                  ORDER BY key.due_at \
                  LIMIT greatest($4 - cardinality((SELECT ids FROM plain)), 0) \
                  FOR UPDATE SKIP LOCKED \
              ), heads AS MATERIALIZED ( \
                  SELECT due_keys.ordering_key, head.id, head.next_attempt_at, \
-                        due_keys.arrivals = seen.arrivals AS unchanged, \
                         coalesce(head.status = {ready} AND head.next_attempt_at <= now() \
                                  AND head.not_paused, false) AS claimable, \
                         coalesce(head.status = {ready} AND head.next_attempt_at > now(), false) \
                             AS waiting \
                  FROM due_keys \
-                 CROSS JOIN LATERAL ( \
-                     SELECT seen.arrivals FROM inbox_keys AS seen \
-                     WHERE seen.ordering_key = due_keys.ordering_key LIMIT 1 \
-                 ) AS seen \
                  LEFT JOIN LATERAL ( \
                      SELECT inbox_queue.id, inbox_queue.status, inbox_queue.next_attempt_at, \
                             {not_paused} AS not_paused \
@@ -223,12 +219,13 @@ pub async fn claim_due(
              ), rescheduled AS ( \
                  UPDATE inbox_keys AS key \
                  SET due_at = ( \
-                     SELECT CASE WHEN heads.waiting THEN heads.next_attempt_at \
-                                 WHEN heads.id IS NULL THEN NULL \
-                                 ELSE now() + interval '1 second' END \
+                     SELECT inbox_key_next_look(heads.ordering_key, heads.id, \
+                         CASE WHEN heads.waiting THEN heads.next_attempt_at \
+                              WHEN heads.id IS NULL THEN NULL \
+                              ELSE now() + interval '1 second' END) \
                      FROM heads WHERE heads.ordering_key = key.ordering_key) \
                  WHERE key.ordering_key = ANY(ARRAY( \
-                     SELECT ordering_key FROM heads WHERE NOT claimable AND unchanged)) \
+                     SELECT ordering_key FROM heads WHERE NOT claimable)) \
              ), ",
             take_rows!("(SELECT ids FROM plain) || ARRAY(SELECT id FROM heads WHERE claimable)")
         )),
