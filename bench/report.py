@@ -50,7 +50,7 @@ w(f"Settings: receiver `{settings.get('receiver', '')}` (otherwise defaults: gro
   "after a 2 s warm-up; before every run the tables are emptied, vacuumed and checkpointed; PostgreSQL profile "
   "`bench` of `scripts/local-postgres`.")
 w("")
-w("Reproduce: `make bench` (about 4 minutes once the release build is done; `BENCH_SECONDS`, `BENCH_CONCURRENCIES`, "
+w("Reproduce: `make bench` (about 8 minutes once the release build is done; `BENCH_SECONDS`, `BENCH_CONCURRENCIES`, "
   "`BENCH_DRAIN_EVENTS` shorten or lengthen it).")
 w("")
 w("## Targets")
