@@ -125,23 +125,22 @@ macro_rules! take_rows {
 /// lease: `status = processing`, `attempt + 1`, `locked_until = now() + lease`; each with its
 /// journal columns, read (not written) from `inbox_events` by primary key.
 ///
-/// Unordered rows (no ordering key) are taken first, oldest due first, as they come. Ordered
-/// rows fill the rest of the limit, found by key: the free keys whose head may be due
-/// (`inbox_keys.due_at`, kept by the triggers of migration 11), oldest first, locked `SKIP
-/// LOCKED`; then each key's head (the lowest `(ordering_sequence, id)` of its rows in the
-/// queue, whatever their state) by `inbox_queue_key_order`. A head that is ready, due and not
-/// paused is claimed, and its key taken by setting `inbox_keys.holder` and clearing its due
-/// time (a held key has none: migration 18); a key with an event in
-/// processing or a dead head blocking it is never read. A key whose head is not due yet gets
-/// its due time raised to the head's, so it is not read again before then, and a paused head is
-/// looked at again a second later; but the head is read once more first, after the key's lock,
-/// in a snapshot of its own (`inbox_key_next_look`, migration 20), and a key whose head is no
-/// longer the one this statement's snapshot showed (an event arrived since) is due when that
-/// head is. An arrival that finds its key due no later than itself locks the key's row without
-/// writing it, so nothing in the row tells a claim of it. The key is freed when its event leaves processing, by
-/// any transition: by [`complete_all_keyed`] itself, otherwise by the trigger of migration 8.
-/// The unique index
-/// `inbox_queue_one_processing_per_key` holds the guarantee in any case.
+/// Unordered rows (no ordering key) are taken first, oldest due first, as they come. Ordered rows
+/// fill the rest of the limit, found by key: the free keys whose head may be due
+/// (`inbox_keys.due_at`, kept by the triggers of migration 11), oldest first, locked `SKIP LOCKED`;
+/// then each key's head (the lowest `(ordering_sequence, id)` of its rows in the queue, whatever
+/// their state) by `inbox_queue_key_order`. A head that is ready, due and not paused is claimed,
+/// and its key taken by setting `inbox_keys.holder` and clearing its due time (a held key has none:
+/// migration 18); a key with an event in processing or a dead head blocking it is never read. A key
+/// whose head is not due yet gets its due time raised to the head's, so it is not read again before
+/// then, and a paused head is looked at again a second later; but the head is read once more first,
+/// after the key's lock, in a snapshot of its own (`inbox_key_next_look`, migration 20), and a key
+/// whose head is no longer the one this statement's snapshot showed (an event arrived since) is due
+/// when that head is. An arrival that finds its key due no later than itself locks the key's row
+/// without writing it, so nothing in the row tells a claim of it. The key is freed when its event
+/// leaves processing, by any transition: by [`complete_all_keyed`] itself, otherwise by the trigger
+/// of migration 8. The unique index `inbox_queue_one_processing_per_key` holds the guarantee in any
+/// case.
 ///
 /// Locks: the unordered queue rows and the keys' rows are selected `FOR UPDATE SKIP LOCKED`,
 /// so concurrent claimers never wait on each other nor take the same row or key; the claimed
@@ -154,11 +153,11 @@ macro_rules! take_rows {
 /// partition has no statistics (its first minute) hashes the whole partition on every claim,
 /// bodies included, and keeps doing so as the day fills.
 ///
-/// The keys whose due time is changed are updated by primary key from an array. Joined plainly
-/// to the keys looked at, whose number the generic plan cannot know, `inbox_keys` was hashed whole at every claim, every key ever seen (a
-/// key's row stays for its `processed_sequence`), for as long as the planner found the table
-/// small enough: 1.9 ms of a 4.5 ms claim at 10,000 keys, and the drain of 20,000 events at
-/// 17,889/s instead of 26,364/s beside 50,000 keys of events long done.
+/// The keys whose due time is changed are updated by primary key from an array. Joined plainly to
+/// the keys looked at, whose number the generic plan cannot know, `inbox_keys` was hashed whole at
+/// every claim, every key ever seen (a key's row stays for its `processed_sequence`), for as long
+/// as the planner found the table small enough: 1.9 ms of a 4.5 ms claim at 10,000 keys, and the
+/// drain of 20,000 events at 17,889/s instead of 26,364/s beside 50,000 keys of events long done.
 ///
 /// The due ids are collected into arrays first, evaluated once, and the rows updated by
 /// primary key. Joined to a subquery (or to a materialized CTE) instead, the statement has a
