@@ -16,6 +16,7 @@ use inbox_core::inbox::{
     claim_due, complete_all, complete_all_keyed, dead_letter, insert_events, ordering_key,
     prepare_claim_session, EventOrdering, NewEvent,
 };
+use inbox_tests::count;
 use test_db::TestDatabase;
 
 fn event(n: usize) -> NewEvent {
@@ -30,12 +31,6 @@ fn event(n: usize) -> NewEvent {
         ordering: None,
         body,
     }
-}
-
-#[derive(QueryableByName)]
-struct Scans {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,16 +52,15 @@ async fn a_claim_reads_the_journal_by_key_even_under_a_generic_plan_made_before_
             .unwrap();
         assert_eq!(claim.events.len(), 100);
         // Rows this transaction read by scanning tables (not yet flushed to the statistics).
-        let scans: Scans = diesel::sql_query(
+        let scans = count(
+            &mut conn,
             "SELECT coalesce(sum(seq_tup_read), 0)::bigint AS n FROM pg_stat_xact_user_tables \
              WHERE relname LIKE 'inbox\\_events%'",
         )
-        .get_result(&mut conn)
-        .await
-        .unwrap();
+        .await;
         conn.batch_execute("ROLLBACK").await.unwrap();
         assert_eq!(
-            scans.n, 0,
+            scans, 0,
             "a claim scanned the journal instead of reading its rows by key"
         );
     }
@@ -119,16 +113,15 @@ async fn a_key_release_reads_the_finished_row_by_key_under_a_plan_made_on_an_emp
     for _ in 1..EVENTS {
         conn.batch_execute("BEGIN").await.unwrap();
         dead_letter_one(&mut conn).await;
-        let scans: Scans = diesel::sql_query(
+        let scans = count(
+            &mut conn,
             "SELECT coalesce(sum(seq_tup_read), 0)::bigint AS n FROM pg_stat_xact_user_tables \
              WHERE relname IN ('inbox_finished', 'inbox_keys')",
         )
-        .get_result(&mut conn)
-        .await
-        .unwrap();
+        .await;
         conn.batch_execute("COMMIT").await.unwrap();
         assert_eq!(
-            scans.n, 0,
+            scans, 0,
             "freeing a key scanned a table instead of reading its row by key"
         );
     }
@@ -158,14 +151,12 @@ async fn a_batch_completion_reads_only_its_rows_whatever_else_is_in_processing()
     // Queue rows this session fetched through an index (counted before they reach the
     // statistics, earlier transactions' too: hence the difference).
     let fetched = async |conn: &mut diesel_async::AsyncPgConnection| {
-        let fetched: Scans = diesel::sql_query(
+        count(
+            conn,
             "SELECT coalesce(sum(idx_tup_fetch), 0)::bigint AS n FROM pg_stat_xact_user_tables \
              WHERE relname = 'inbox_queue'",
         )
-        .get_result(conn)
         .await
-        .unwrap();
-        fetched.n
     };
     for claim in &claims[..3] {
         let ids: Vec<i64> = claim.events.iter().map(|event| event.id).collect();
@@ -242,15 +233,13 @@ async fn a_keyed_completion_hands_on_by_key_under_a_generic_plan() {
     // Rows this session read by scanning the tables that grow (counted before they reach the
     // statistics, earlier transactions' too: hence the difference).
     let scanned = async |conn: &mut diesel_async::AsyncPgConnection| {
-        let scans: Scans = diesel::sql_query(
+        count(
+            conn,
             "SELECT coalesce(sum(seq_tup_read), 0)::bigint AS n FROM pg_stat_xact_user_tables \
              WHERE relname IN ('inbox_queue', 'inbox_keys', 'inbox_finished') \
                 OR relname LIKE 'inbox\\_events%'",
         )
-        .get_result(conn)
         .await
-        .unwrap();
-        scans.n
     };
     while let [event] = handed.as_slice() {
         assert_eq!(event.ordering_sequence, Some(expected));
@@ -274,14 +263,12 @@ async fn a_keyed_completion_hands_on_by_key_under_a_generic_plan() {
 
 /// Rows of `inbox_keys` this transaction read by scanning the table.
 async fn keys_scanned(conn: &mut diesel_async::AsyncPgConnection) -> i64 {
-    let scans: Scans = diesel::sql_query(
+    count(
+        conn,
         "SELECT coalesce(sum(seq_tup_read), 0)::bigint AS n FROM pg_stat_xact_user_tables \
          WHERE relname = 'inbox_keys'",
     )
-    .get_result(conn)
     .await
-    .unwrap();
-    scans.n
 }
 
 /// A key's row stays once its events are done (its `processed_sequence` recognises late

@@ -597,19 +597,9 @@ async fn a_keyed_completion_frees_its_key_when_the_next_event_leaves_under_it() 
     let mut worker = db.connect().await;
     let mut other = db.connect().await;
     let key = inbox::ordering_key("demo", "order_1");
-    let ordered: Vec<NewEvent> = events(2)
-        .into_iter()
-        .zip(1..)
-        .map(|(event, sequence)| NewEvent {
-            ordering: Some(inbox::EventOrdering {
-                key: key.clone(),
-                sequence,
-                hold: Duration::ZERO,
-            }),
-            ..event
-        })
-        .collect();
-    inbox::insert_events(&mut worker, &ordered).await.unwrap();
+    inbox::insert_events(&mut worker, &ordered_events(&key, 2))
+        .await
+        .unwrap();
     let claim = inbox::claim_due(&mut worker, "w1", LEASE, 10)
         .await
         .unwrap();
