@@ -255,9 +255,19 @@ pub async fn claim_due(
 ///
 /// `jit = off`: costed for a tenth of the queue, the generic plan passes `jit_above_cost` on
 /// any sizeable backlog, and compiling it took 700 ms at every execution.
+///
+/// `enable_bitmapscan = off`: the plan is kept for the session's life, and one made before
+/// `inbox_keys` had statistics (a worker started on a new deployment) expected a single due
+/// key. It read the due keys with a bitmap scan, which returns them unordered, so each claim
+/// fetched every due key and sorted them all to lock the oldest hundred: a drain of 100,000
+/// events over as many keys ran at a third of its speed. Without bitmap scans, the due keys are
+/// read oldest first from `inbox_keys_due` and the scan stops at the claim's limit; every other
+/// lookup of the claim is by key (an index scan takes an array of keys as well).
 pub async fn prepare_claim_session(conn: &mut AsyncPgConnection) -> QueryResult<()> {
-    conn.batch_execute("SET plan_cache_mode = force_generic_plan; SET jit = off")
-        .await
+    conn.batch_execute(
+        "SET plan_cache_mode = force_generic_plan; SET jit = off; SET enable_bitmapscan = off",
+    )
+    .await
 }
 
 /// The settings of [`prepare_claim_session`], for the rest of the current transaction: its
