@@ -84,6 +84,12 @@ pub struct Claim {
 /// the ordering keys of those taken, held by them; and the rows as [`ClaimedEvent`]s, each with
 /// its journal row read by key (see [`claim_due`] for why in a `LATERAL` subquery), oldest due
 /// first.
+///
+/// Each key learns its holder from `holders`, a JSON object from key to claimed id built once,
+/// in which a lookup is a binary search. A subquery looking the key up in `claimed` read every
+/// claimed row for each key, 10,000 rows for a claim of 100 ordered events, half a millisecond
+/// of the server's time; joined to `claimed` instead, the keys would be read as the generic
+/// plan chooses, which may be the whole table (see [`claim_due`]).
 macro_rules! take_rows {
     ($ids:literal) => {
         concat!(
@@ -96,10 +102,12 @@ macro_rules! take_rows {
             ") AND queue.status = {ready} \
                  RETURNING queue.id, queue.attempt, queue.next_attempt_at, queue.ordering_key, \
                            queue.ordering_sequence \
+             ), holders AS MATERIALIZED ( \
+                 SELECT jsonb_object_agg(ordering_key, id) AS holder_of FROM claimed \
+                 WHERE ordering_key IS NOT NULL \
              ), keyed AS ( \
                  UPDATE inbox_keys AS key \
-                 SET holder = (SELECT claimed.id FROM claimed \
-                               WHERE claimed.ordering_key = key.ordering_key), \
+                 SET holder = ((SELECT holder_of FROM holders) ->> key.ordering_key)::bigint, \
                      due_at = NULL \
                  WHERE key.ordering_key = ANY(ARRAY( \
                      SELECT ordering_key FROM claimed WHERE ordering_key IS NOT NULL)) \
