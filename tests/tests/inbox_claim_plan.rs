@@ -66,6 +66,52 @@ async fn a_claim_reads_the_journal_by_key_even_under_a_generic_plan_made_before_
     }
 }
 
+/// Rows of the journal's partitions this session read by scanning them, not yet reported to
+/// the statistics (so earlier transactions' too: take the difference around a statement).
+async fn journal_scanned(conn: &mut diesel_async::AsyncPgConnection) -> i64 {
+    count(
+        conn,
+        "SELECT coalesce(sum(seq_tup_read), 0)::bigint AS n FROM pg_stat_xact_user_tables \
+         WHERE relname LIKE 'inbox\\_events%'",
+    )
+    .await
+}
+
+/// A day's partition analyzed while empty (the partitions are made days ahead, and a nightly
+/// `VACUUM ANALYZE` or `vacuumdb` reaches them) is known to hold no rows, so a plan made then
+/// reads it by a sequential scan as the cheapest way. A claim session keeps that plan as the
+/// day fills: every claimed event scanned the whole day's journal, and at 1,000 events/s the
+/// time from answer to handling grew past a second within twenty seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_session_reads_the_journal_by_key_under_a_plan_made_while_it_was_empty() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    conn.batch_execute("VACUUM ANALYZE inbox_events")
+        .await
+        .unwrap();
+    prepare_claim_session(&mut conn).await.unwrap();
+    let claim = claim_due(&mut conn, "w1", Duration::from_secs(30), 100)
+        .await
+        .unwrap();
+    assert!(claim.events.is_empty(), "nothing to claim yet");
+    let events: Vec<NewEvent> = (0..2_000).map(event).collect();
+    for chunk in events.chunks(500) {
+        insert_events(&mut conn, chunk).await.unwrap();
+    }
+    for _ in 0..3 {
+        let before = journal_scanned(&mut conn).await;
+        let claim = claim_due(&mut conn, "w1", Duration::from_secs(30), 100)
+            .await
+            .unwrap();
+        let scanned = journal_scanned(&mut conn).await - before;
+        assert_eq!(claim.events.len(), 100);
+        assert_eq!(
+            scanned, 0,
+            "a claim scanned the journal instead of reading its rows by key"
+        );
+    }
+}
+
 fn ordered(n: usize) -> NewEvent {
     NewEvent {
         ordering: Some(EventOrdering {
@@ -259,6 +305,49 @@ async fn a_keyed_completion_hands_on_by_key_under_a_generic_plan() {
     }
     assert!(handed.is_empty(), "one event at a time: {handed:?}");
     assert_eq!(expected, 4, "the key's three events, in sequence");
+}
+
+/// A completion of many ordered events is planned once per connection, generically, and that
+/// plan is kept as the day's journal fills. Made while the journal was known to be empty, it
+/// must still read the events it hands on by key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_completion_reads_the_journal_by_key_under_a_plan_made_while_it_was_empty() {
+    const KEYS: usize = 50;
+    const LEASE: Duration = Duration::from_secs(30);
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    conn.batch_execute("VACUUM ANALYZE inbox_events")
+        .await
+        .unwrap();
+    let plan_now = [ordered_among("first", 2, 0), ordered_among("first", 2, 1)];
+    insert_events(&mut conn, &plan_now).await.unwrap();
+    let first = claim_due(&mut conn, "w1", LEASE, 100).await.unwrap();
+    let ids: Vec<i64> = first.events.iter().map(|event| event.id).collect();
+    // In a transaction, as the worker completes events: the plan is made here.
+    conn.batch_execute("BEGIN").await.unwrap();
+    complete_all_keyed(&mut conn, &ids, first.lease_token, "w1", LEASE)
+        .await
+        .unwrap();
+    conn.batch_execute("COMMIT").await.unwrap();
+    let events: Vec<NewEvent> = (0..KEYS * 20)
+        .map(|n| ordered_among("key", KEYS, n))
+        .collect();
+    insert_events(&mut conn, &events).await.unwrap();
+    let claim = claim_due(&mut conn, "w1", LEASE, 100).await.unwrap();
+    assert_eq!(claim.events.len(), KEYS, "every key's head");
+    let ids: Vec<i64> = claim.events.iter().map(|event| event.id).collect();
+    conn.batch_execute("BEGIN").await.unwrap();
+    let before = journal_scanned(&mut conn).await;
+    let handed = complete_all_keyed(&mut conn, &ids, claim.lease_token, "w1", LEASE)
+        .await
+        .unwrap();
+    let scanned = journal_scanned(&mut conn).await - before;
+    conn.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(handed.len(), KEYS, "each key handed on to its second event");
+    assert_eq!(
+        scanned, 0,
+        "a keyed completion scanned the journal instead of reading its rows by key"
+    );
 }
 
 /// Rows of `inbox_keys` this transaction read by scanning the table.

@@ -264,27 +264,37 @@ pub async fn claim_due(
 /// `jit = off`: costed for a tenth of the queue, the generic plan passes `jit_above_cost` on
 /// any sizeable backlog, and compiling it took 700 ms at every execution.
 ///
-/// `enable_bitmapscan = off`: the plan is kept for the session's life, and one made before
-/// `inbox_keys` had statistics (a worker started on a new deployment) expected a single due
-/// key. It read the due keys with a bitmap scan, which returns them unordered, so each claim
-/// fetched every due key and sorted them all to lock the oldest hundred: a drain of 100,000
-/// events over as many keys ran at a third of its speed. Without bitmap scans, the due keys are
-/// read oldest first from `inbox_keys_due` and the scan stops at the claim's limit; every other
-/// lookup of the claim is by key (an index scan takes an array of keys as well).
+/// `enable_seqscan = off` and `enable_bitmapscan = off`: the plan is kept for the session's
+/// life, so it must read by key whatever the statistics said when it was made, and every
+/// lookup of the claim has an index. Two plans it made otherwise, each kept as the tables grew:
+/// - A day's journal partition analyzed while empty (partitions are made days ahead, and a
+///   nightly `VACUUM ANALYZE` reaches them) is known to hold no rows, and a sequential scan
+///   of it is the cheapest plan: every claimed event then scanned the day's journal, and at
+///   1,000 events/s the time from answer to handling grew past a second within twenty seconds.
+/// - Before `inbox_keys` had statistics (a worker started on a new deployment) the planner
+///   expected one due key and read the due keys with a bitmap scan, which returns them
+///   unordered: each claim fetched every due key and sorted them all to lock the oldest
+///   hundred, and a drain of 100,000 events over as many keys ran at a third of its speed.
+///
+/// Read by index, the due keys come oldest first from `inbox_keys_due` and the scan stops at
+/// the claim's limit.
 pub async fn prepare_claim_session(conn: &mut AsyncPgConnection) -> QueryResult<()> {
-    conn.batch_execute(
-        "SET plan_cache_mode = force_generic_plan; SET jit = off; SET enable_bitmapscan = off",
-    )
-    .await
+    conn.batch_execute(INDEXES_ONLY_GENERIC_PLANS).await
 }
 
+/// The settings of [`prepare_claim_session`], for the session.
+const INDEXES_ONLY_GENERIC_PLANS: &str = "SET plan_cache_mode = force_generic_plan; \
+     SET jit = off; SET enable_seqscan = off; SET enable_bitmapscan = off";
+
 /// The settings of [`prepare_claim_session`], for the rest of the current transaction: its
-/// next statements use their generic plans, made without JIT compilation.
-const GENERIC_PLAN_ONCE: &str =
-    "SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL jit = off";
+/// next statements use their generic plans, made without JIT compilation and reading by
+/// index (a statement's generic plan is made once, with the settings of its first run).
+const GENERIC_PLAN_ONCE: &str = "SET LOCAL plan_cache_mode = force_generic_plan; \
+     SET LOCAL jit = off; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off";
 
 /// Undoes [`GENERIC_PLAN_ONCE`] for the rest of the current transaction.
-const SERVER_CHOOSES_PLANS: &str = "SET LOCAL plan_cache_mode = DEFAULT; SET LOCAL jit = DEFAULT";
+const SERVER_CHOOSES_PLANS: &str = "SET LOCAL plan_cache_mode = DEFAULT; SET LOCAL jit = DEFAULT; \
+     SET LOCAL enable_seqscan = DEFAULT; SET LOCAL enable_bitmapscan = DEFAULT";
 
 /// A fenced transition that did not happen.
 #[derive(Debug, thiserror::Error)]
