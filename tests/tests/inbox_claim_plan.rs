@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use diesel::sql_types::BigInt;
 use diesel::QueryableByName;
-use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use inbox_core::inbox::{
     claim_due, complete_all, complete_all_keyed, dead_letter, insert_events, ordering_key,
     prepare_claim_session, EventOrdering, NewEvent,
@@ -52,12 +52,7 @@ async fn a_claim_reads_the_journal_by_key_even_under_a_generic_plan_made_before_
             .unwrap();
         assert_eq!(claim.events.len(), 100);
         // Rows this transaction read by scanning tables (not yet flushed to the statistics).
-        let scans = count(
-            &mut conn,
-            "SELECT coalesce(sum(seq_tup_read), 0)::bigint AS n FROM pg_stat_xact_user_tables \
-             WHERE relname LIKE 'inbox\\_events%'",
-        )
-        .await;
+        let scans = journal_scanned(&mut conn).await;
         conn.batch_execute("ROLLBACK").await.unwrap();
         assert_eq!(
             scans, 0,
@@ -66,15 +61,43 @@ async fn a_claim_reads_the_journal_by_key_even_under_a_generic_plan_made_before_
     }
 }
 
-/// Rows of the journal's partitions this session read by scanning them, not yet reported to
-/// the statistics (so earlier transactions' too: take the difference around a statement).
-async fn journal_scanned(conn: &mut diesel_async::AsyncPgConnection) -> i64 {
+/// Rows of the tables named like `tables` (a `LIKE` pattern) this session read, by the counter
+/// `counter` of `pg_stat_xact_user_tables` (`seq_tup_read`: by scanning the table;
+/// `idx_tup_fetch`: through an index, a bitmap scan's too). The counts are not yet reported to
+/// the statistics, so earlier transactions' are in them too: take the difference around a
+/// statement.
+async fn rows_read(conn: &mut AsyncPgConnection, counter: &str, tables: &str) -> i64 {
     count(
         conn,
-        "SELECT coalesce(sum(seq_tup_read), 0)::bigint AS n FROM pg_stat_xact_user_tables \
-         WHERE relname LIKE 'inbox\\_events%'",
+        &format!(
+            "SELECT coalesce(sum({counter}), 0)::bigint AS n FROM pg_stat_xact_user_tables \
+             WHERE relname LIKE '{tables}'"
+        ),
     )
     .await
+}
+
+/// Rows of the journal's partitions this session read by scanning them.
+async fn journal_scanned(conn: &mut AsyncPgConnection) -> i64 {
+    rows_read(conn, "seq_tup_read", "inbox\\_events%").await
+}
+
+/// A claim of up to `limit` events in a transaction of its own, on a session set up as the
+/// caller chose: how many it claimed, and how many rows of `inbox_keys` it read by `counter`
+/// (see [`rows_read`]).
+async fn claim_reading_keys(
+    conn: &mut AsyncPgConnection,
+    limit: i64,
+    counter: &str,
+) -> (usize, i64) {
+    conn.batch_execute("BEGIN").await.unwrap();
+    let before = rows_read(conn, counter, "inbox_keys").await;
+    let claim = claim_due(conn, "w1", Duration::from_secs(30), limit)
+        .await
+        .unwrap();
+    let read = rows_read(conn, counter, "inbox_keys").await - before;
+    conn.batch_execute("COMMIT").await.unwrap();
+    (claim.events.len(), read)
 }
 
 /// A day's partition analyzed while empty (the partitions are made days ahead, and a nightly
@@ -350,16 +373,6 @@ async fn a_keyed_completion_reads_the_journal_by_key_under_a_plan_made_while_it_
     );
 }
 
-/// Rows of `inbox_keys` this transaction read by scanning the table.
-async fn keys_scanned(conn: &mut diesel_async::AsyncPgConnection) -> i64 {
-    count(
-        conn,
-        "SELECT coalesce(sum(seq_tup_read), 0)::bigint AS n FROM pg_stat_xact_user_tables \
-         WHERE relname = 'inbox_keys'",
-    )
-    .await
-}
-
 /// A key's row stays once its events are done (its `processed_sequence` recognises late
 /// arrivals), so `inbox_keys` holds every key ever seen. Under a generic plan, which cannot
 /// know how many keys a claim locks or looks at, the claim must still read their rows by key,
@@ -377,16 +390,6 @@ async fn an_ordered_claim_reads_keys_by_key_under_a_generic_plan() {
     conn.batch_execute("ANALYZE inbox_queue, inbox_keys; SET plan_cache_mode = force_generic_plan")
         .await
         .unwrap();
-    let claim_scanning = async |conn: &mut diesel_async::AsyncPgConnection| {
-        conn.batch_execute("BEGIN").await.unwrap();
-        let before = keys_scanned(conn).await;
-        let claim = claim_due(conn, "w1", Duration::from_secs(30), 100)
-            .await
-            .unwrap();
-        let read = keys_scanned(conn).await - before;
-        conn.batch_execute("COMMIT").await.unwrap();
-        (claim.events.len(), read)
-    };
 
     // Paused, no head can be claimed: each key looked at is put off by a second.
     conn.batch_execute(
@@ -396,7 +399,7 @@ async fn an_ordered_claim_reads_keys_by_key_under_a_generic_plan() {
     .await
     .unwrap();
     for _ in 0..3 {
-        let (claimed, read) = claim_scanning(&mut conn).await;
+        let (claimed, read) = claim_reading_keys(&mut conn, 100, "seq_tup_read").await;
         assert_eq!(claimed, 0, "every head is paused");
         assert_eq!(read, 0, "a claim putting keys off scanned {read} keys");
     }
@@ -404,20 +407,10 @@ async fn an_ordered_claim_reads_keys_by_key_under_a_generic_plan() {
         .await
         .unwrap();
     for _ in 0..3 {
-        let (claimed, read) = claim_scanning(&mut conn).await;
+        let (claimed, read) = claim_reading_keys(&mut conn, 100, "seq_tup_read").await;
         assert_eq!(claimed, 100, "a hundred free keys' heads are due");
         assert_eq!(read, 0, "a claim taking keys scanned {read} keys");
     }
-}
-
-/// Rows of `inbox_keys` this transaction fetched through an index (a bitmap scan's too).
-async fn keys_fetched(conn: &mut diesel_async::AsyncPgConnection) -> i64 {
-    count(
-        conn,
-        "SELECT coalesce(sum(idx_tup_fetch), 0)::bigint AS n FROM pg_stat_xact_user_tables \
-         WHERE relname = 'inbox_keys'",
-    )
-    .await
 }
 
 /// A claim session plans the claim once and keeps that plan for its life, so a worker started
@@ -440,18 +433,8 @@ async fn a_claim_session_reads_due_keys_up_to_its_limit_under_a_plan_made_before
     conn.batch_execute("ANALYZE inbox_queue").await.unwrap();
     prepare_claim_session(&mut conn).await.unwrap();
     for _ in 0..3 {
-        conn.batch_execute("BEGIN").await.unwrap();
-        let before = keys_fetched(&mut conn).await;
-        let claim = claim_due(&mut conn, "w1", Duration::from_secs(30), LIMIT)
-            .await
-            .unwrap();
-        let fetched = keys_fetched(&mut conn).await - before;
-        conn.batch_execute("COMMIT").await.unwrap();
-        assert_eq!(
-            claim.events.len(),
-            100,
-            "a hundred free keys' heads are due"
-        );
+        let (claimed, fetched) = claim_reading_keys(&mut conn, LIMIT, "idx_tup_fetch").await;
+        assert_eq!(claimed, 100, "a hundred free keys' heads are due");
         // The keys taken, fetched again by key to be held.
         assert!(
             fetched <= 2 * LIMIT,
