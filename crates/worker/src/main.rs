@@ -100,7 +100,7 @@ struct RunArgs {
     /// little more than a claim of one. A backlog is claimed in full batches without waiting;
     /// at a trickle the spacing has passed before the next event arrives. 0s claims at every
     /// arrival.
-    #[arg(long, env = "WORKER_CLAIM_SPACING", value_parser = humantime::parse_duration, default_value = "5ms")]
+    #[arg(long, env = "WORKER_CLAIM_SPACING", value_parser = humantime::parse_duration, default_value = "2ms")]
     claim_spacing: Duration,
     /// How often expired leases are looked for.
     #[arg(long, env = "WORKER_RESCUE_INTERVAL", value_parser = humantime::parse_duration, default_value = "5s")]
