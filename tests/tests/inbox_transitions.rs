@@ -303,6 +303,8 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
             i32,
             Option<String>,
             Option<i64>,
+            bool,
+            Option<i64>,
         )>(&mut conn)
         .await
         .unwrap();
@@ -370,11 +372,8 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
         .load::<(
             String,
             Option<i64>,
-            Option<i64>,
             Option<chrono::DateTime<chrono::Utc>>,
             Option<i64>,
-            Option<chrono::DateTime<chrono::Utc>>,
-            i64,
         )>(&mut conn)
         .await
         .unwrap();
@@ -423,7 +422,7 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
     // And no migrated column is missing from the diesel schema.
     assert_eq!(
         count(&mut conn, "SELECT count(*) AS n FROM information_schema.columns WHERE table_schema = 'public' AND table_name IN ('inbox_dedup', 'inbox_events', 'inbox_queue', 'inbox_finished', 'webhook_inbox', 'processed_events', 'demo_ledger', 'demo_payments', 'console_audit', 'inbox_paused_routes', 'inbox_keys', 'inbox_ordering_providers', 'inbox_dead_ordering', 'inbox_key_skips', 'inbox_rejections', 'inbox_suppressed_replays')").await,
-        5 + 9 + 11 + 6 + 16 + 3 + 11 + 7 + 8 + 4 + 7 + 4 + 3 + 5 + 9 + 11
+        5 + 9 + 13 + 6 + 16 + 3 + 11 + 7 + 8 + 4 + 4 + 4 + 3 + 5 + 9 + 11
     );
     // Nor any table (the journal's partitions are the journal).
     assert_eq!(
@@ -532,14 +531,14 @@ async fn the_claims_generic_plan_reads_rows_by_primary_key() {
     let names: Vec<StatementName> = diesel::sql_query(
         "SELECT name FROM pg_prepared_statements \
          WHERE statement LIKE 'WITH unflushed AS MATERIALIZED %' \
-           AND statement LIKE '%plain AS MATERIALIZED ( SELECT ARRAY( SELECT id FROM inbox_queue %'",
+           AND statement LIKE '%due AS MATERIALIZED ( SELECT ARRAY( SELECT id FROM inbox_queue %'",
     )
     .load(&mut conn)
     .await
     .unwrap();
     assert_eq!(names.len(), 1, "the claim is a prepared statement");
     let plan: Vec<PlanLine> = diesel::sql_query(format!(
-        "EXPLAIN EXECUTE {}(10, 10, '00000000-0000-0000-0000-000000000000', 'probe', 1000)",
+        "EXPLAIN EXECUTE {}(10, '00000000-0000-0000-0000-000000000000', 'probe', 1000)",
         names[0].name
     ))
     .load(&mut conn)
@@ -581,18 +580,13 @@ async fn the_queue_is_vacuumed_after_one_percent_of_dead_rows() {
     );
 }
 
-#[derive(diesel::QueryableByName)]
-struct KeyHolder {
-    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
-    holder: Option<i64>,
-}
-
-/// The completion of an ordered event frees its key itself, and the trigger that frees keys
-/// on any other transition skips it (migration 19). The key must still be freed when the
-/// next event the statement meant to hand the key on to leaves the queue under it: here,
-/// deleted by another transaction that commits while the completion waits for that row.
+/// The completion of an ordered event settles its key itself, and the trigger that settles keys
+/// on any other departure of a head skips it (migrations 19 and 21). The key must still keep
+/// its processed sequence when the next event the statement meant to hand the key on to leaves
+/// the queue under it: here, deleted by another transaction that commits while the completion
+/// waits for that row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_keyed_completion_frees_its_key_when_the_next_event_leaves_under_it() {
+async fn a_keyed_completion_keeps_its_keys_sequence_when_the_next_event_leaves_under_it() {
     let db = TestDatabase::new().await;
     let mut worker = db.connect().await;
     let mut other = db.connect().await;
@@ -655,17 +649,14 @@ async fn a_keyed_completion_frees_its_key_when_the_next_event_leaves_under_it() 
 
     let handed = completion.await.unwrap();
     assert!(handed.is_empty(), "nothing is left to hand on: {handed:?}");
-    let holders: Vec<KeyHolder> =
-        diesel::sql_query("SELECT holder FROM inbox_keys WHERE ordering_key = $1")
-            .bind::<diesel::sql_types::Text, _>(&key)
-            .load(&mut other)
-            .await
-            .unwrap();
-    let holders: Vec<Option<i64>> = holders.into_iter().map(|key| key.holder).collect();
     assert_eq!(
-        holders,
-        vec![None],
-        "the key is free once its event is done"
+        count(
+            &mut other,
+            &format!("SELECT processed_sequence AS n FROM inbox_keys WHERE ordering_key = '{key}'")
+        )
+        .await,
+        1,
+        "the key keeps the sequence of its event done"
     );
     assert_eq!(
         count(&mut other, "SELECT count(*) AS n FROM inbox_queue").await,
@@ -689,11 +680,11 @@ fn ordered_events(key: &str, n: usize) -> Vec<NewEvent> {
         .collect()
 }
 
-/// An arrival for a free key already due no later than itself changes nothing a claim reads:
-/// it locks the key's row, so no claim takes the key until the arrival commits, but does not
-/// write a new version of it.
+/// An arrival behind a key's ready head changes nothing a claim reads: it locks the key's row,
+/// so no other writer changes the key's events until the arrival commits, but does not write a
+/// new version of it, and the head stays claimable meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_arrival_for_a_key_already_due_locks_it_without_writing_it() {
+async fn an_arrival_behind_a_ready_head_locks_its_key_without_writing_it() {
     let db = TestDatabase::new().await;
     let mut worker = db.connect().await;
     let mut receiver = db.connect().await;
@@ -709,22 +700,14 @@ async fn an_arrival_for_a_key_already_due_locks_it_without_writing_it() {
     inbox::insert_events(&mut receiver, &[second])
         .await
         .unwrap();
-    let claim = inbox::claim_due(&mut worker, "w1", LEASE, 10)
-        .await
-        .unwrap();
-    assert!(
-        claim.events.is_empty(),
-        "a claim passes the key while an arrival holds it: {:?}",
-        claim.events
+    let locked = format!(
+        "SELECT count(*) AS n FROM (SELECT 1 FROM inbox_keys WHERE ordering_key = '{key}' \
+         FOR UPDATE SKIP LOCKED) AS free"
     );
-    diesel_async::SimpleAsyncConnection::batch_execute(&mut receiver, "COMMIT")
-        .await
-        .unwrap();
-
     assert_eq!(
-        count(&mut receiver, version).await,
-        written_by,
-        "the arrival wrote the key's row"
+        count(&mut worker, &locked).await,
+        0,
+        "the arrival holds its key's row"
     );
     let claim = inbox::claim_due(&mut worker, "w1", LEASE, 10)
         .await
@@ -736,45 +719,79 @@ async fn an_arrival_for_a_key_already_due_locks_it_without_writing_it() {
             .map(|e| e.event_id.as_str())
             .collect::<Vec<_>>(),
         ["evt_0"],
-        "the key's head is claimed once the arrival committed"
+        "the key's head is claimed while the arrival is in flight"
+    );
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut receiver, "COMMIT")
+        .await
+        .unwrap();
+
+    assert_eq!(
+        count(&mut receiver, version).await,
+        written_by,
+        "the arrival wrote the key's row"
+    );
+    assert_eq!(
+        count(
+            &mut worker,
+            "SELECT count(*) AS n FROM inbox_queue WHERE head"
+        )
+        .await,
+        1,
+        "the arrival waits behind the head"
     );
 }
 
-/// A claim that cannot take a key's head puts the key off until the head falls due; the head
-/// it puts it off for is read again after the key's lock, so an event that arrived ahead of
-/// the head the claim saw (a late one, lower in sequence) is not put off with it.
-#[tokio::test]
-async fn a_key_is_put_off_for_the_head_found_after_its_lock_not_the_one_first_seen() {
+/// An event arriving lower in sequence than its key's ready head takes its place (the reorder
+/// window's purpose), unless a claim is taking the head at that moment; one that arrives while
+/// the head is in processing waits behind it and runs next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lower_arrival_takes_the_place_of_a_ready_head_but_not_of_one_in_processing() {
     let db = TestDatabase::new().await;
     let mut conn = db.connect().await;
     let key = inbox::ordering_key("demo", "order_1");
-    let [early, late]: [NewEvent; 2] = ordered_events(&key, 2).try_into().unwrap();
-    inbox::insert_events(&mut conn, &[late]).await.unwrap();
-    let seen = count(&mut conn, "SELECT id AS n FROM inbox_queue").await;
-    let next_look = |seen_head: i64| {
-        format!(
-            "SELECT coalesce(extract(epoch FROM inbox_key_next_look('{key}', {seen_head}, \
-             now() + interval '1 hour') - now())::bigint, -1) AS n"
-        )
-    };
+    let [first, second, third]: [NewEvent; 3] = ordered_events(&key, 3).try_into().unwrap();
+    let head = "SELECT coalesce(max(ordering_sequence), -1) AS n FROM inbox_queue WHERE head";
+
+    inbox::insert_events(&mut conn, &[third]).await.unwrap();
     assert_eq!(
-        count(&mut conn, &next_look(seen)).await,
-        3600,
-        "the head seen is still the head: put off as the claim decided"
+        count(&mut conn, head).await,
+        3,
+        "the first arrival is the head"
+    );
+    inbox::insert_events(&mut conn, &[second]).await.unwrap();
+    assert_eq!(
+        count(&mut conn, head).await,
+        2,
+        "a lower arrival takes a ready head's place"
     );
 
-    inbox::insert_events(&mut conn, &[early]).await.unwrap();
-    assert!(
-        count(&mut conn, &next_look(seen)).await <= 0,
-        "an earlier event is the head now and is due at once"
+    let claim = inbox::claim_due(&mut conn, "w1", LEASE, 10).await.unwrap();
+    let [taken] = claim.events.as_slice() else {
+        panic!("one event of the key at a time: {:?}", claim.events);
+    };
+    assert_eq!(taken.ordering_sequence, Some(2));
+    inbox::insert_events(&mut conn, &[first]).await.unwrap();
+    assert_eq!(
+        count(&mut conn, head).await,
+        2,
+        "the head in processing keeps its key"
     );
 
-    diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "DELETE FROM inbox_queue")
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "BEGIN")
         .await
         .unwrap();
+    let handed = inbox::complete_all_keyed(&mut conn, &[taken.id], claim.lease_token, "w1", LEASE)
+        .await
+        .unwrap();
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "COMMIT")
+        .await
+        .unwrap();
+    let [next] = handed.as_slice() else {
+        panic!("the key is handed on to its lowest waiting event: {handed:?}");
+    };
     assert_eq!(
-        count(&mut conn, &next_look(seen)).await,
-        -1,
-        "a key with nothing queued has no due time"
+        (next.ordering_sequence, next.stale),
+        (Some(1), true),
+        "the late event runs next, marked stale"
     );
 }

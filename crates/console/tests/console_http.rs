@@ -403,9 +403,9 @@ async fn an_ordered_events_key_is_shown_and_a_blocked_keys_dead_head_is_listed_a
         &mut conn,
         &format!(
             "INSERT INTO inbox_dead_ordering (id, ordering_key, ordering_sequence) VALUES ({head}, 'pi_1', 1); \
-             UPDATE inbox_queue SET ordering_key = 'pi_1', ordering_sequence = 2 WHERE id = {behind}; \
              INSERT INTO inbox_keys (ordering_key, blocked_by, blocked_since) VALUES ('pi_1', {head}, now()) \
-             ON CONFLICT (ordering_key) DO UPDATE SET blocked_by = excluded.blocked_by, blocked_since = excluded.blocked_since"
+             ON CONFLICT (ordering_key) DO UPDATE SET blocked_by = excluded.blocked_by, blocked_since = excluded.blocked_since; \
+             UPDATE inbox_queue SET ordering_key = 'pi_1', ordering_sequence = 2 WHERE id = {behind}"
         ),
     )
     .await

@@ -381,11 +381,9 @@ pub async fn purge_done(
     Ok(purged)
 }
 
-/// When the next claimable ready row falls due, if any is waiting: the earlier of the
-/// unordered rows' first due time and the free ordering keys' (`inbox_keys.due_at`, a lower
-/// bound of their heads'), each read from its own index. Unordered events of paused routes
-/// are not waited for (a worker would otherwise wake for them again and again); a paused
-/// ordered head is looked at once a second by the claim.
+/// When the next claimable ready row (an unordered event or a key's head) falls due, if any is
+/// waiting, read from the claim's index. Events of paused routes are not waited for (a worker
+/// would otherwise wake for them again and again).
 ///
 /// Prepared once per connection: a claim loop asks this after every claim that emptied the
 /// queue, and planning the statement anew each time cost the server more than running it.
@@ -397,11 +395,8 @@ pub async fn next_due(conn: &mut AsyncPgConnection) -> QueryResult<Option<DateTi
     }
     let next: NextDue = crate::prepared::cached_sql(
         statuses_sql!(
-            "SELECT least( \
-                 (SELECT min(next_attempt_at) FROM inbox_queue \
-                  WHERE status = {ready} AND ordering_key IS NULL AND {not_paused}), \
-                 (SELECT min(due_at) FROM inbox_keys \
-                  WHERE holder IS NULL AND blocked_by IS NULL AND due_at IS NOT NULL)) AS due"
+            "SELECT min(next_attempt_at) AS due FROM inbox_queue \
+             WHERE status = {ready} AND (ordering_key IS NULL OR head) AND {not_paused}"
         ),
         (),
     )

@@ -1,11 +1,11 @@
 //! The operator's queries on ordering keys: which keys a dead head blocks, where an event
-//! stands in its key, and the skip that releases a blocked key. The claim and the key's
-//! holder live in [`crate::inbox::lease::claim_due`] and migration 8's trigger.
+//! stands in its key, and the skip that releases a blocked key. A key's head is marked in the
+//! queue (migration 21); the claim takes it in [`crate::inbox::lease::claim_due`].
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Double, Nullable, Text, Timestamptz};
-use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 
 use crate::statuses_sql;
 
@@ -46,7 +46,7 @@ pub async fn blocked_keys(
         "SELECT key.ordering_key, key.blocked_by AS event_row_id, event.event_id, \
                 key.blocked_since, \
                 (SELECT count(*) FROM inbox_queue AS queue \
-                 WHERE queue.ordering_key = key.ordering_key) AS waiting, \
+                 WHERE queue.ordering_key = key.ordering_key AND NOT queue.head) AS waiting, \
                 finished.last_error \
          FROM inbox_keys AS key \
          LEFT JOIN inbox_events AS event ON event.id = key.blocked_by \
@@ -92,8 +92,8 @@ pub struct KeyPosition {
     /// The event's sequence within the key.
     #[diesel(sql_type = BigInt)]
     pub sequence: i64,
-    /// Events of the key ahead of it in the queue (0: it is the head); `None` when it is no
-    /// longer queued (dead).
+    /// Events of the key that run before it: its head, and the events waiting before it (0: it
+    /// is the head); `None` when it is no longer queued (dead).
     #[diesel(sql_type = Nullable<BigInt>)]
     pub ahead: Option<i64>,
     /// Events of the key in the queue, itself included.
@@ -113,25 +113,39 @@ pub struct KeyPosition {
 /// The key and position of event row `id`: for a queued event, from its queue row; for a
 /// dead one, from the ordering kept for its replay. `None` for unordered and done events.
 pub async fn position(conn: &mut AsyncPgConnection, id: i64) -> QueryResult<Option<KeyPosition>> {
-    diesel::sql_query(
+    diesel::sql_query(statuses_sql!(
         "WITH own AS ( \
-             SELECT ordering_key, ordering_sequence, true AS queued FROM inbox_queue \
+             SELECT ordering_key, ordering_sequence, true AS queued, head FROM inbox_queue \
              WHERE id = $1 AND ordering_key IS NOT NULL \
              UNION ALL \
-             SELECT ordering_key, ordering_sequence, false FROM inbox_dead_ordering WHERE id = $1 \
+             SELECT ordering_key, ordering_sequence, false, false FROM inbox_dead_ordering \
+             WHERE id = $1 \
+         ), counted AS ( \
+             SELECT own.*, \
+                    (SELECT count(*) FROM inbox_queue AS other \
+                     WHERE other.ordering_key = own.ordering_key AND other.head) AS heads, \
+                    (SELECT count(*) FROM inbox_queue AS other \
+                     WHERE other.ordering_key = own.ordering_key AND NOT other.head \
+                       AND (other.ordering_sequence, other.id) < (own.ordering_sequence, $1)) \
+                        AS waiting_before, \
+                    (SELECT count(*) FROM inbox_queue AS other \
+                     WHERE other.ordering_key = own.ordering_key AND NOT other.head) AS waiting \
+             FROM own LIMIT 1 \
          ) \
-         SELECT own.ordering_key, own.ordering_sequence AS sequence, \
-                CASE WHEN own.queued THEN ( \
-                    SELECT count(*) FROM inbox_queue AS other \
-                    WHERE other.ordering_key = own.ordering_key \
-                      AND (other.ordering_sequence, other.id) < (own.ordering_sequence, $1)) \
-                END AS ahead, \
-                (SELECT count(*) FROM inbox_queue AS other \
-                 WHERE other.ordering_key = own.ordering_key) AS queued, \
-                key.holder, key.blocked_by, key.processed_sequence \
-         FROM own LEFT JOIN inbox_keys AS key USING (ordering_key) \
-         LIMIT 1",
-    )
+         SELECT counted.ordering_key, counted.ordering_sequence AS sequence, \
+                CASE WHEN NOT counted.queued THEN NULL WHEN counted.head THEN 0 \
+                     ELSE counted.heads + counted.waiting_before END AS ahead, \
+                counted.heads + counted.waiting AS queued, \
+                (SELECT other.id FROM inbox_queue AS other \
+                 WHERE other.ordering_key = counted.ordering_key AND other.head \
+                   AND other.status = {processing}) AS holder, \
+                key.blocked_by, \
+                greatest(key.processed_sequence, \
+                         (SELECT other.key_processed_sequence FROM inbox_queue AS other \
+                          WHERE other.ordering_key = counted.ordering_key AND other.head)) \
+                    AS processed_sequence \
+         FROM counted LEFT JOIN inbox_keys AS key USING (ordering_key)"
+    ))
     .bind::<BigInt, _>(id)
     .get_result(conn)
     .await
@@ -154,10 +168,12 @@ pub enum SkipError {
 
 /// Releases the key that dead event row `id` blocks, keeping `reason` in `inbox_key_skips`:
 /// the event stays dead (a replay may still run it later), the key's next event runs. Returns
-/// the key released. The key is due again at once, for its next event to be claimed.
+/// the key released. The key's next event becomes its head at once, for a claim to take.
 ///
-/// One statement: the key row is updated only while `blocked_by = id`, so two skips (or a
-/// skip racing a replay) release it once and record one reason.
+/// One transaction: the key row is updated only while `blocked_by = id`, so two skips (or a
+/// skip racing a replay) release it once and record one reason; then, under that row's lock,
+/// the key is settled (`inbox_settle_heads`, migration 21) in a statement of its own, whose
+/// snapshot sees every event that arrived for the key while it was blocked.
 pub async fn skip_dead_head(
     conn: &mut AsyncPgConnection,
     id: i64,
@@ -172,24 +188,30 @@ pub async fn skip_dead_head(
     if reason.is_empty() || reason.chars().count() > MAX_SKIP_REASON_CHARS {
         return Err(SkipError::Reason);
     }
-    let released: Option<Released> = diesel::sql_query(statuses_sql!(
-        "WITH released AS ( \
-             UPDATE inbox_keys SET blocked_by = NULL, blocked_since = NULL, due_at = now() \
-             WHERE blocked_by = $1 \
-               AND EXISTS (SELECT 1 FROM inbox_finished WHERE id = $1 AND status = {dead}) \
-             RETURNING ordering_key \
-         ), recorded AS ( \
-             INSERT INTO inbox_key_skips (ordering_key, event_row_id, reason) \
-             SELECT ordering_key, $1, $2 FROM released \
-         ) \
-         SELECT ordering_key FROM released"
-    ))
-    .bind::<BigInt, _>(id)
-    .bind::<Text, _>(reason)
-    .get_result(conn)
+    conn.transaction::<_, SkipError, _>(async |tx| {
+        let released: Released = diesel::sql_query(statuses_sql!(
+            "WITH released AS ( \
+                 UPDATE inbox_keys SET blocked_by = NULL, blocked_since = NULL \
+                 WHERE blocked_by = $1 \
+                   AND EXISTS (SELECT 1 FROM inbox_finished WHERE id = $1 AND status = {dead}) \
+                 RETURNING ordering_key \
+             ), recorded AS ( \
+                 INSERT INTO inbox_key_skips (ordering_key, event_row_id, reason) \
+                 SELECT ordering_key, $1, $2 FROM released \
+             ) \
+             SELECT ordering_key FROM released"
+        ))
+        .bind::<BigInt, _>(id)
+        .bind::<Text, _>(reason)
+        .get_result(tx)
+        .await
+        .optional()?
+        .ok_or(SkipError::NotBlocking(id))?;
+        diesel::sql_query("SELECT inbox_settle_heads(ARRAY[$1::text])")
+            .bind::<Text, _>(&released.ordering_key)
+            .execute(tx)
+            .await?;
+        Ok(released.ordering_key)
+    })
     .await
-    .optional()?;
-    released
-        .map(|row| row.ordering_key)
-        .ok_or(SkipError::NotBlocking(id))
 }

@@ -45,6 +45,8 @@ diesel::table! {
         rescues -> Int4,
         ordering_key -> Nullable<Text>,
         ordering_sequence -> Nullable<Int8>,
+        head -> Bool,
+        key_processed_sequence -> Nullable<Int8>,
     }
 }
 
@@ -61,15 +63,13 @@ diesel::table! {
 }
 
 diesel::table! {
-    /// One row per ordering key ever claimed: its holder, its dead head, its high-water mark.
+    /// One row per ordering key ever seen: its dead head, its high-water mark; every writer's
+    /// lock on the key.
     inbox_keys (ordering_key) {
         ordering_key -> Text,
-        holder -> Nullable<Int8>,
         blocked_by -> Nullable<Int8>,
         blocked_since -> Nullable<Timestamptz>,
         processed_sequence -> Nullable<Int8>,
-        due_at -> Nullable<Timestamptz>,
-        arrivals -> Int8,
     }
 }
 

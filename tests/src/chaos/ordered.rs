@@ -80,7 +80,9 @@ pub async fn load_trace(conn: &mut AsyncPgConnection) -> diesel::QueryResult<Vec
 pub async fn keys_left_taken(conn: &mut AsyncPgConnection) -> diesel::QueryResult<i64> {
     super::number(
         conn,
-        "SELECT count(*) AS n FROM inbox_keys WHERE holder IS NOT NULL OR blocked_by IS NOT NULL",
+        "SELECT count(*) AS n FROM inbox_keys WHERE blocked_by IS NOT NULL OR EXISTS ( \
+         SELECT 1 FROM inbox_queue AS held \
+         WHERE held.ordering_key = inbox_keys.ordering_key AND held.status = 1)",
     )
     .await
 }

@@ -78,82 +78,22 @@ pub struct Claim {
     pub events: Vec<ClaimedEvent>,
 }
 
-/// The end of a claim statement, after its `WITH` and the CTEs that choose what to take:
-/// `claimed`, the queue rows whose ids the SQL array expression `$ids` names, taken under the
-/// lease (`$1` token, `$2` worker name, `$3` lease in milliseconds) when still ready; `keyed`,
-/// the ordering keys of those taken, held by them; and the rows as [`ClaimedEvent`]s, each with
-/// its journal row read by key (see [`claim_due`] for why in a `LATERAL` subquery), oldest due
-/// first.
-///
-/// Each key learns its holder from `holders`, a JSON object from key to claimed id built once,
-/// in which a lookup is a binary search. A subquery looking the key up in `claimed` read every
-/// claimed row for each key, 10,000 rows for a claim of 100 ordered events, half a millisecond
-/// of the server's time; joined to `claimed` instead, the keys would be read as the generic
-/// plan chooses, which may be the whole table (see [`claim_due`]).
-macro_rules! take_rows {
-    ($ids:literal) => {
-        concat!(
-            "claimed AS ( \
-                 UPDATE inbox_queue AS queue \
-                 SET status = {processing}, attempt = queue.attempt + 1, lease_token = $1, \
-                     locked_by = $2, locked_until = now() + $3 * interval '1 millisecond' \
-                 WHERE queue.id = ANY(",
-            $ids,
-            ") AND queue.status = {ready} \
-                 RETURNING queue.id, queue.attempt, queue.next_attempt_at, queue.ordering_key, \
-                           queue.ordering_sequence \
-             ), holders AS MATERIALIZED ( \
-                 SELECT jsonb_object_agg(ordering_key, id) AS holder_of FROM claimed \
-                 WHERE ordering_key IS NOT NULL \
-             ), keyed AS ( \
-                 UPDATE inbox_keys AS key \
-                 SET holder = ((SELECT holder_of FROM holders) ->> key.ordering_key)::bigint, \
-                     due_at = NULL \
-                 WHERE key.ordering_key = ANY(ARRAY( \
-                     SELECT ordering_key FROM claimed WHERE ordering_key IS NOT NULL)) \
-                 RETURNING key.holder AS id, key.processed_sequence \
-             ) \
-             SELECT event.id, event.provider, event.event_id, event.event_type, \
-                    event.received_at, event.headers, event.body, claimed.attempt, \
-                    claimed.ordering_key, claimed.ordering_sequence, \
-                    coalesce(claimed.ordering_sequence < keyed.processed_sequence, false) AS stale, \
-                    coalesce(policy.skip_stale, false) AS skip_stale \
-             FROM claimed CROSS JOIN LATERAL ( \
-                 SELECT * FROM inbox_events WHERE inbox_events.id = claimed.id LIMIT 1 \
-             ) AS event \
-             LEFT JOIN keyed ON keyed.id = claimed.id \
-             LEFT JOIN inbox_ordering_providers AS policy \
-                 ON claimed.ordering_key IS NOT NULL AND policy.provider = event.provider \
-             ORDER BY claimed.next_attempt_at, event.id"
-        )
-    };
-}
-
 /// Claims up to `limit` due ready rows in one short statement and returns them under a fresh
 /// lease: `status = processing`, `attempt + 1`, `locked_until = now() + lease`; each with its
 /// journal columns, read (not written) from `inbox_events` by primary key.
 ///
-/// Unordered rows (no ordering key) are taken first, oldest due first, as they come. Ordered rows
-/// fill the rest of the limit, found by key: the free keys whose head may be due
-/// (`inbox_keys.due_at`, kept by the triggers of migration 11), oldest first, locked `SKIP LOCKED`;
-/// then each key's head (the lowest `(ordering_sequence, id)` of its rows in the queue, whatever
-/// their state) by `inbox_queue_key_order`. A head that is ready, due and not paused is claimed,
-/// and its key taken by setting `inbox_keys.holder` and clearing its due time (a held key has none:
-/// migration 18); a key with an event in processing or a dead head blocking it is never read. A key
-/// whose head is not due yet gets its due time raised to the head's, so it is not read again before
-/// then, and a paused head is looked at again a second later; but the head is read once more first,
-/// after the key's lock, in a snapshot of its own (`inbox_key_next_look`, migration 20), and a key
-/// whose head is no longer the one this statement's snapshot showed (an event arrived since) is due
-/// when that head is. An arrival that finds its key due no later than itself locks the key's row
-/// without writing it, so nothing in the row tells a claim of it. The key is freed when its event
-/// leaves processing, by any transition: by [`complete_all_keyed`] itself, otherwise by the trigger
-/// of migration 8. The unique index `inbox_queue_one_processing_per_key` holds the guarantee in any
-/// case.
+/// Unordered events and the heads of ordering keys are claimed alike, oldest due first, from the
+/// one index of claimable rows (`inbox_queue_ready`): an ordered event is claimable only as its
+/// key's head (`inbox_queue.head`, migration 21), so a claim never reads an event waiting behind
+/// another, nor a key's `inbox_keys` row: a head carries the sequence its key had processed when
+/// it became the head (`key_processed_sequence`), and comes late when its own is lower. Taking
+/// a head changes no head: the key stays with its event until that event leaves processing, and
+/// the unique index `inbox_queue_one_head_per_key` holds the guarantee whatever a statement does.
 ///
-/// Locks: the unordered queue rows and the keys' rows are selected `FOR UPDATE SKIP LOCKED`,
-/// so concurrent claimers never wait on each other nor take the same row or key; the claimed
-/// heads are updated by primary key, re-checked to be still ready. All locks end when the
-/// statement commits, right away. The lease, not a row lock, protects the row while the
+/// Locks: the claimed rows are selected `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
+/// wait on each other nor take the same row, and a head stepping back for a lower arrival is
+/// passed by; they are updated by primary key, re-checked to be still ready. All locks end when
+/// the statement commits, right away. The lease, not a row lock, protects the row while the
 /// handler runs.
 ///
 /// Each claimed event's journal row is read by key, in a `LATERAL` subquery with a `LIMIT` the
@@ -161,13 +101,7 @@ macro_rules! take_rows {
 /// partition has no statistics (its first minute) hashes the whole partition on every claim,
 /// bodies included, and keeps doing so as the day fills.
 ///
-/// The keys whose due time is changed are updated by primary key from an array. Joined plainly to
-/// the keys looked at, whose number the generic plan cannot know, `inbox_keys` was hashed whole at
-/// every claim, every key ever seen (a key's row stays for its `processed_sequence`), for as long
-/// as the planner found the table small enough: 1.9 ms of a 4.5 ms claim at 10,000 keys, and the
-/// drain of 20,000 events at 17,889/s instead of 26,364/s beside 50,000 keys of events long done.
-///
-/// The due ids are collected into arrays first, evaluated once, and the rows updated by
+/// The due ids are collected into an array first, evaluated once, and the rows updated by
 /// primary key. Joined to a subquery (or to a materialized CTE) instead, the statement has a
 /// generic plan that scans the whole table, because the planner cannot see the `LIMIT`:
 /// should PostgreSQL switch the prepared statement to that plan, claims would slow down as
@@ -191,51 +125,40 @@ pub async fn claim_due(
 ) -> QueryResult<Claim> {
     let lease_token = Uuid::new_v4();
     let events = cached_sql(
-        statuses_sql!(concat!(
+        statuses_sql!(
             "WITH unflushed AS MATERIALIZED ( \
                  SELECT set_config('synchronous_commit', 'off', true) \
-             ), plain AS MATERIALIZED ( \
+             ), due AS MATERIALIZED ( \
                  SELECT ARRAY( \
                      SELECT id FROM inbox_queue \
-                     WHERE status = {ready} AND ordering_key IS NULL AND next_attempt_at <= now() \
-                       AND {not_paused} \
+                     WHERE status = {ready} AND (ordering_key IS NULL OR head) \
+                       AND next_attempt_at <= now() AND {not_paused} \
                      ORDER BY next_attempt_at \
                      LIMIT $4 \
                      FOR UPDATE SKIP LOCKED \
                  ) AS ids FROM unflushed \
-             ), due_keys AS MATERIALIZED ( \
-                 SELECT key.ordering_key FROM inbox_keys AS key \
-                 WHERE key.due_at <= now() AND key.holder IS NULL AND key.blocked_by IS NULL \
-                 ORDER BY key.due_at \
-                 LIMIT greatest($4 - cardinality((SELECT ids FROM plain)), 0) \
-                 FOR UPDATE SKIP LOCKED \
-             ), heads AS MATERIALIZED ( \
-                 SELECT due_keys.ordering_key, head.id, head.next_attempt_at, \
-                        coalesce(head.status = {ready} AND head.next_attempt_at <= now() \
-                                 AND head.not_paused, false) AS claimable, \
-                        coalesce(head.status = {ready} AND head.next_attempt_at > now(), false) \
-                            AS waiting \
-                 FROM due_keys \
-                 LEFT JOIN LATERAL ( \
-                     SELECT inbox_queue.id, inbox_queue.status, inbox_queue.next_attempt_at, \
-                            {not_paused} AS not_paused \
-                     FROM inbox_queue WHERE inbox_queue.ordering_key = due_keys.ordering_key \
-                     ORDER BY inbox_queue.ordering_sequence, inbox_queue.id \
-                     LIMIT 1 \
-                 ) AS head ON true \
-             ), rescheduled AS ( \
-                 UPDATE inbox_keys AS key \
-                 SET due_at = ( \
-                     SELECT inbox_key_next_look(heads.ordering_key, heads.id, \
-                         CASE WHEN heads.waiting THEN heads.next_attempt_at \
-                              WHEN heads.id IS NULL THEN NULL \
-                              ELSE now() + interval '1 second' END) \
-                     FROM heads WHERE heads.ordering_key = key.ordering_key) \
-                 WHERE key.ordering_key = ANY(ARRAY( \
-                     SELECT ordering_key FROM heads WHERE NOT claimable)) \
-             ), ",
-            take_rows!("(SELECT ids FROM plain) || ARRAY(SELECT id FROM heads WHERE claimable)")
-        )),
+             ), claimed AS ( \
+                 UPDATE inbox_queue AS queue \
+                 SET status = {processing}, attempt = queue.attempt + 1, lease_token = $1, \
+                     locked_by = $2, locked_until = now() + $3 * interval '1 millisecond' \
+                 WHERE queue.id = ANY((SELECT ids FROM due)::bigint[]) \
+                   AND queue.status = {ready} \
+                 RETURNING queue.id, queue.attempt, queue.next_attempt_at, queue.ordering_key, \
+                           queue.ordering_sequence, queue.key_processed_sequence \
+             ) \
+             SELECT event.id, event.provider, event.event_id, event.event_type, \
+                    event.received_at, event.headers, event.body, claimed.attempt, \
+                    claimed.ordering_key, claimed.ordering_sequence, \
+                    coalesce(claimed.ordering_sequence < claimed.key_processed_sequence, false) \
+                        AS stale, \
+                    coalesce(policy.skip_stale, false) AS skip_stale \
+             FROM claimed CROSS JOIN LATERAL ( \
+                 SELECT * FROM inbox_events WHERE inbox_events.id = claimed.id LIMIT 1 \
+             ) AS event \
+             LEFT JOIN inbox_ordering_providers AS policy \
+                 ON claimed.ordering_key IS NOT NULL AND policy.provider = event.provider \
+             ORDER BY claimed.next_attempt_at, event.id"
+        ),
         (
             bind::<diesel::sql_types::Uuid, _>(lease_token),
             bind::<Text, _>(worker_name),
@@ -271,12 +194,13 @@ pub async fn claim_due(
 ///   nightly `VACUUM ANALYZE` reaches them) is known to hold no rows, and a sequential scan
 ///   of it is the cheapest plan: every claimed event then scanned the day's journal, and at
 ///   1,000 events/s the time from answer to handling grew past a second within twenty seconds.
-/// - Before `inbox_keys` had statistics (a worker started on a new deployment) the planner
-///   expected one due key and read the due keys with a bitmap scan, which returns them
-///   unordered: each claim fetched every due key and sorted them all to lock the oldest
-///   hundred, and a drain of 100,000 events over as many keys ran at a third of its speed.
+/// - Before a table had statistics (a worker started on a new deployment) the planner expected
+///   few due rows and read them with a bitmap scan, which returns them unordered: each claim
+///   fetched every due row and sorted them all to lock the oldest hundred. When ordering keys
+///   were claimed through their own table, a drain of 100,000 events over as many keys ran at a
+///   third of its speed so.
 ///
-/// Read by index, the due keys come oldest first from `inbox_keys_due` and the scan stops at
+/// Read by index, the due rows come oldest first from `inbox_queue_ready` and the scan stops at
 /// the claim's limit.
 pub async fn prepare_claim_session(conn: &mut AsyncPgConnection) -> QueryResult<()> {
     conn.batch_execute(INDEXES_ONLY_GENERIC_PLANS).await
@@ -364,37 +288,37 @@ pub async fn complete_all(
 }
 
 /// [`complete_all`] for rows of which some are ordered, handing each of their keys on to its
-/// next event in the same statement, and returning the events handed on: a key whose next
-/// event (its head, the lowest `(ordering_sequence, id)` left in the queue) is ready, due and
-/// not paused has that event claimed under `lease_token` for `worker_name`, as [`claim_due`]
-/// would claim it, and stays held, now by that event; any other key is freed with its head's
-/// due time (as the trigger of migration 11 frees it). Either way its `processed_sequence` is
-/// raised to the completed event's. The events handed on come back as [`ClaimedEvent`]s (late
-/// arrivals marked as [`claim_due`] marks them), oldest due first. The next event of a busy
-/// key then starts without waiting for a claim, its claim committing with the completion
-/// before it, and the key row is written once per event instead of freed and taken again.
+/// next event, and returning the events handed on. Call it inside the caller's transaction.
 ///
-/// The keys' rows are locked first, in key order: an ingest locks the keys of its new events
-/// in key order too, and the two never deadlock. The next head is read in the statement's
-/// snapshot, taken before those locks were granted; an event that arrived for the key since
-/// (the key's `arrivals` moved between the snapshot and the lock) may be missing from it, so
-/// such a key is freed, due at once, and left for a claim to look at. A key whose head changed
-/// under it (no longer ready when the statement came to claim it) is freed too. A key whose
-/// holder is not the completed event is not this statement's to touch.
+/// A key's next event is its lowest `(ordering_sequence, id)` waiting behind the completed head;
+/// it becomes the key's head (migration 21). When it is due and not paused it is claimed too,
+/// under `lease_token` for `worker_name`, as [`claim_due`] would claim it, and comes back as a
+/// [`ClaimedEvent`] (late arrivals marked as [`claim_due`] marks them), oldest due first: the
+/// next event of a busy key then starts without waiting for a claim, its claim committing with
+/// the completion before it. Otherwise it waits as the head for a claim. Either way it carries
+/// the key's processed sequence on, raised to the completed event's. A key with nothing waiting
+/// is left without a head, for its next arrival to take, and its `inbox_keys` row keeps that
+/// sequence: a busy key's row is written only when it falls idle.
 ///
-/// The statement frees or hands on every key of its rows itself, so the trigger that frees a
-/// key when its event leaves processing (migrations 8 and 11) would only find each key
-/// passed on already, at a PL/pgSQL call and a key lookup an event: the statement names
-/// itself in `inbox.keys_released_by` (its lease token and its start, both of which the
-/// trigger's `WHEN` sees), and the trigger skips the rows it deletes (migration 19).
+/// Two statements. The first locks the keys' `inbox_keys` rows in key order, as every writer of
+/// a key locks them, so an ingest and a completion never deadlock. The second then reads the
+/// waiting events in a snapshot taken after those locks were granted, so no event that arrived
+/// before is missed; an arrival that comes later waits for this transaction, and then finds the
+/// key's new head (or none, and becomes it).
 ///
-/// Every lookup goes by key, from the locked keys to their rows, their holders and heads;
-/// no two of the statement's intermediate results are joined to each other, as the planner,
-/// which cannot estimate their sizes, would join them by testing every pair (10,000
-/// comparisons for 100 events). The events handed on are read in the same statement: read
-/// by a second one, taking an array of keys, that statement was planned anew at every call
-/// (its plan for one key looking cheaper than the generic one), which cost a busy key, one
-/// event a transaction, a third of its throughput.
+/// The second statement settles every key of its rows itself, so the trigger that settles a key
+/// when its head leaves the queue (migration 21) would only find it settled, at a PL/pgSQL call
+/// and a key lookup an event: the statement names itself in `inbox.keys_released_by` (its lease
+/// token and its start, both of which the trigger's `WHEN` sees), and the trigger skips the
+/// rows it deletes (migration 19).
+///
+/// Every lookup goes by key, from the completed rows to their next events and keys' rows; no
+/// two of the statement's intermediate results are joined to each other, as the planner, which
+/// cannot estimate their sizes, would join them by testing every pair (10,000 comparisons for
+/// 100 events). The events handed on are read in the same statement: read by another one,
+/// taking an array of keys, that statement was planned anew at every call (its plan for one
+/// key looking cheaper than the generic one), which cost a busy key, one event a transaction,
+/// a third of its throughput.
 ///
 /// Unless every row is still held, the caller's transaction must roll back
 /// ([`TransitionError::LeaseLost`]). Locks the key rows, the queue rows it deletes and the
@@ -428,70 +352,76 @@ pub async fn complete_all_keyed(
     if generic {
         conn.batch_execute(GENERIC_PLAN_ONCE).await?;
     }
+    cached_sql(
+        statuses_sql!(
+            "SELECT count(*) AS locked FROM ( \
+                 SELECT 1 FROM inbox_keys \
+                 WHERE ordering_key = ANY(ARRAY( \
+                     SELECT ordering_key FROM inbox_queue \
+                     WHERE id = ANY($1) AND lease_token = $2 AND status + 0 = {processing} \
+                       AND ordering_key IS NOT NULL)) \
+                 ORDER BY ordering_key \
+                 FOR NO KEY UPDATE \
+             ) AS locked"
+        ),
+        (
+            bind::<Array<BigInt>, _>(ids),
+            bind::<diesel::sql_types::Uuid, _>(lease_token),
+        ),
+    )
+    .execute(conn)
+    .await?;
     let rows = cached_sql(
         statuses_sql!(
             "WITH named AS MATERIALIZED ( \
                  SELECT set_config('inbox.keys_released_by', \
                                    $2::text || ' ' || statement_timestamp()::text, true) \
-             ), keys AS MATERIALIZED ( \
-                 SELECT key.ordering_key, key.arrivals, key.processed_sequence \
-                 FROM inbox_keys AS key \
-                 WHERE key.ordering_key = ANY(ARRAY( \
-                     SELECT ordering_key FROM inbox_queue \
-                     WHERE id = ANY($1) AND ordering_key IS NOT NULL)) \
-                 ORDER BY key.ordering_key \
-                 FOR UPDATE \
              ), completed AS ( \
                  DELETE FROM inbox_queue \
                  WHERE id = ANY($1) AND lease_token = $2 AND status + 0 = {processing} \
-                   AND (SELECT count(*) FROM keys) >= 0 AND (SELECT count(*) FROM named) = 1 \
-                 RETURNING id, attempt, locked_by \
+                   AND (SELECT count(*) FROM named) = 1 \
+                 RETURNING id, attempt, locked_by, ordering_key, ordering_sequence, \
+                           key_processed_sequence \
              ), released AS MATERIALIZED ( \
-                 SELECT keys.ordering_key, \
-                        greatest(keys.processed_sequence, done.ordering_sequence) \
+                 SELECT completed.ordering_key, \
+                        greatest(completed.key_processed_sequence, completed.ordering_sequence) \
                             AS processed_sequence, \
-                        keys.arrivals = seen.arrivals AS unchanged, \
-                        keys.arrivals = seen.arrivals AND coalesce(head.status = {ready} \
-                            AND head.next_attempt_at <= now() AND head.not_paused, false) \
-                            AS hand_on, \
-                        head.id AS head_id, \
-                        CASE WHEN head.id IS NULL THEN NULL \
-                             WHEN head.status = {ready} THEN head.next_attempt_at \
-                             ELSE now() END AS head_due \
-                 FROM keys \
-                 JOIN inbox_keys AS seen ON seen.ordering_key = keys.ordering_key \
-                 JOIN inbox_queue AS done ON done.id = seen.holder AND done.id = ANY($1) \
+                        next.id AS next_id, \
+                        coalesce(next.next_attempt_at <= now() AND next.not_paused, false) \
+                            AS hand_on \
+                 FROM completed \
                  LEFT JOIN LATERAL ( \
-                     SELECT inbox_queue.id, inbox_queue.status, inbox_queue.next_attempt_at, \
+                     SELECT inbox_queue.id, inbox_queue.next_attempt_at, \
                             {not_paused} AS not_paused \
                      FROM inbox_queue \
-                     WHERE inbox_queue.ordering_key = keys.ordering_key \
-                       AND inbox_queue.id <> ALL($1) \
+                     WHERE inbox_queue.ordering_key = completed.ordering_key \
+                       AND NOT inbox_queue.head \
                      ORDER BY inbox_queue.ordering_sequence, inbox_queue.id \
                      LIMIT 1 \
-                 ) AS head ON true \
+                 ) AS next ON true \
+                 WHERE completed.ordering_key IS NOT NULL \
              ), handed AS ( \
                  UPDATE inbox_queue AS queue \
-                 SET status = {processing}, attempt = queue.attempt + 1, lease_token = $2, \
-                     locked_by = $3, locked_until = now() + $4 * interval '1 millisecond' \
+                 SET head = true, key_processed_sequence = released.processed_sequence, \
+                     status = CASE WHEN released.hand_on THEN {processing} ELSE {ready} END, \
+                     attempt = queue.attempt + CASE WHEN released.hand_on THEN 1 ELSE 0 END, \
+                     lease_token = CASE WHEN released.hand_on THEN $2 END, \
+                     locked_by = CASE WHEN released.hand_on THEN $3 ELSE queue.locked_by END, \
+                     locked_until = CASE WHEN released.hand_on \
+                         THEN now() + $4 * interval '1 millisecond' END \
                  FROM released \
-                 WHERE queue.id = released.head_id AND released.hand_on \
-                   AND queue.status = {ready} \
-                 RETURNING queue.id, queue.attempt, queue.next_attempt_at, queue.ordering_key, \
-                           queue.ordering_sequence, released.processed_sequence \
-             ), held AS ( \
+                 WHERE queue.id = released.next_id AND NOT queue.head \
+                 RETURNING queue.id, queue.status, queue.attempt, queue.next_attempt_at, \
+                           queue.ordering_key, queue.ordering_sequence, \
+                           released.processed_sequence \
+             ), idle AS ( \
                  UPDATE inbox_keys AS key \
-                 SET holder = handed.id, processed_sequence = handed.processed_sequence \
-                 FROM handed \
-                 WHERE key.ordering_key = handed.ordering_key \
-             ), freed AS ( \
-                 UPDATE inbox_keys AS key \
-                 SET holder = NULL, \
-                     due_at = CASE WHEN released.unchanged THEN released.head_due ELSE now() END, \
-                     processed_sequence = released.processed_sequence \
+                 SET processed_sequence = \
+                     greatest(key.processed_sequence, released.processed_sequence) \
                  FROM released \
                  WHERE key.ordering_key = released.ordering_key \
-                   AND (NOT released.hand_on OR released.head_id NOT IN (SELECT id FROM handed)) \
+                   AND (released.next_id IS NULL \
+                        OR released.next_id NOT IN (SELECT id FROM handed)) \
              ), finished AS ( \
                  INSERT INTO inbox_finished (id, status, attempt, locked_by, processed_at) \
                  SELECT id, {done}, attempt, locked_by, clock_timestamp() FROM completed \
@@ -506,7 +436,9 @@ pub async fn complete_all_keyed(
              FROM (SELECT count(*) AS completed FROM finished) AS total \
              LEFT JOIN ( \
                  handed CROSS JOIN LATERAL ( \
-                     SELECT * FROM inbox_events WHERE inbox_events.id = handed.id LIMIT 1 \
+                     SELECT * FROM inbox_events \
+                     WHERE inbox_events.id = handed.id AND handed.status = {processing} \
+                     LIMIT 1 \
                  ) AS event \
                  LEFT JOIN inbox_ordering_providers AS policy \
                      ON policy.provider = event.provider \

@@ -291,7 +291,7 @@ pub async fn blocked_keys(
         "SELECT key.ordering_key, key.blocked_by AS head_id, event.provider, event.event_id, \
                 coalesce(key.blocked_since, event.received_at) AS blocked_since, \
                 (SELECT count(*) FROM inbox_queue AS queue \
-                 WHERE queue.ordering_key = key.ordering_key) AS waiting \
+                 WHERE queue.ordering_key = key.ordering_key AND NOT queue.head) AS waiting \
          FROM inbox_keys AS key JOIN inbox_events AS event ON event.id = key.blocked_by \
          WHERE key.blocked_by IS NOT NULL \
          ORDER BY blocked_since, key.ordering_key LIMIT $1",

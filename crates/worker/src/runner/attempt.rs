@@ -124,8 +124,8 @@ impl Worker {
             }
             Err(err) => self.isolate_or_settle(batch, token, err).await,
         };
-        // Keys not handed on are free again (a failed event's retry, a key with nothing
-        // due): this worker's idle claim loops look for their next events at once (other
+        // Keys not handed on have a ready head again, or none (a failed event's retry, a key
+        // with nothing due): this worker's idle claim loops look for their heads at once (other
         // replicas at their next claim or poll). A key handed on is still this slot's, so a
         // busy key's events do not wake every idle loop into an empty claim each.
         let still_held: HashSet<&str> = handed_on
