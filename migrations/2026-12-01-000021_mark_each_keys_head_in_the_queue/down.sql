@@ -8,7 +8,7 @@ DROP TRIGGER inbox_queue_key_moving ON inbox_queue;
 DROP FUNCTION inbox_key_moving();
 DROP TRIGGER inbox_queue_key_arrived_by_insert ON inbox_queue;
 DROP FUNCTION inbox_keys_arrived();
-DROP FUNCTION inbox_lock_and_settle_keys(text[]);
+DROP FUNCTION inbox_lock_keys(text[]);
 DROP FUNCTION inbox_settle_heads(text[]);
 
 UPDATE inbox_keys SET processed_sequence = greatest(inbox_keys.processed_sequence,

@@ -147,30 +147,51 @@ ALTER FUNCTION inbox_settle_heads(text[]) SET enable_seqscan = off;
 
 -- Locks the rows of `keys` (in key order, as every writer of keys locks them, so that two never
 -- deadlock), creating those missing (`DO UPDATE` locks a row even when its `WHERE` leaves it
--- unwritten), then settles the keys.
-CREATE FUNCTION inbox_lock_and_settle_keys(keys text[]) RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+-- unwritten).
+CREATE FUNCTION inbox_lock_keys(keys text[]) RETURNS void LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     INSERT INTO inbox_keys AS key (ordering_key)
     SELECT DISTINCT ordering_key FROM unnest(keys) AS key(ordering_key) ORDER BY ordering_key
     ON CONFLICT (ordering_key) DO UPDATE SET ordering_key = excluded.ordering_key WHERE false;
-    PERFORM inbox_settle_heads(keys);
 END
 $$;
 
--- Arrivals of a statement (an ingest, a replay, a release): their keys are locked and settled.
--- A new event waits behind its key's head, or becomes the head of a key that has none, or takes
--- the place of a ready head it precedes.
+-- Arrivals of a statement (an ingest, a replay, a release): their keys are locked, then those
+-- whose head an arrival may change are settled: a key without a head, and one whose ready head
+-- an arrival precedes. A key's ready head precedes every event waiting behind it (whoever
+-- settles a key leaves it so), so a key whose head is in processing, or precedes every
+-- arrival, is left as it is: the arrivals wait behind it. That is the case of every event but
+-- the first of a key's backlog, which then costs its ingest a lock and a look at the head.
 CREATE FUNCTION inbox_keys_arrived() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     keys text[];
+    unsettled text[];
 BEGIN
     SELECT array_agg(DISTINCT ordering_key) INTO keys FROM arrived WHERE ordering_key IS NOT NULL;
-    IF keys IS NOT NULL THEN
-        PERFORM inbox_lock_and_settle_keys(keys);
+    IF keys IS NULL THEN
+        RETURN NULL;
+    END IF;
+    PERFORM inbox_lock_keys(keys);
+    SELECT array_agg(first.ordering_key) INTO unsettled
+    FROM (
+        SELECT DISTINCT ON (ordering_key) ordering_key, ordering_sequence, id FROM arrived
+        WHERE ordering_key IS NOT NULL
+        ORDER BY ordering_key, ordering_sequence, id
+    ) AS first
+    LEFT JOIN LATERAL (
+        SELECT held.id, held.status, held.ordering_sequence FROM inbox_queue AS held
+        WHERE held.ordering_key = first.ordering_key AND held.head LIMIT 1
+    ) AS held ON true
+    WHERE held.id IS NULL
+       OR (held.status = 0
+           AND (first.ordering_sequence, first.id) < (held.ordering_sequence, held.id));
+    IF unsettled IS NOT NULL THEN
+        PERFORM inbox_settle_heads(unsettled);
     END IF;
     RETURN NULL;
 END
 $$;
+ALTER FUNCTION inbox_keys_arrived() SET enable_seqscan = off;
 
 CREATE TRIGGER inbox_queue_key_arrived_by_insert
     AFTER INSERT ON inbox_queue
@@ -195,8 +216,11 @@ CREATE TRIGGER inbox_queue_key_moving
     EXECUTE FUNCTION inbox_key_moving();
 
 CREATE FUNCTION inbox_key_moved() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    keys text[] := array_remove(ARRAY[OLD.ordering_key, NEW.ordering_key], NULL);
 BEGIN
-    PERFORM inbox_lock_and_settle_keys(array_remove(ARRAY[OLD.ordering_key, NEW.ordering_key], NULL));
+    PERFORM inbox_lock_keys(keys);
+    PERFORM inbox_settle_heads(keys);
     RETURN NULL;
 END
 $$;

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use diesel_async::RunQueryDsl;
-use inbox_core::inbox::{self, NewEvent, TransitionError};
+use inbox_core::inbox::{self, KeyLocks, NewEvent, TransitionError};
 use inbox_core::schema::{
     console_audit, demo_ledger, demo_payments, inbox_dedup, inbox_events, inbox_finished,
     inbox_paused_routes, inbox_queue, processed_events, webhook_inbox,
@@ -622,10 +622,16 @@ async fn a_keyed_completion_keeps_its_keys_sequence_when_the_next_event_leaves_u
         diesel_async::SimpleAsyncConnection::batch_execute(&mut worker, "BEGIN")
             .await
             .unwrap();
-        let handed =
-            inbox::complete_all_keyed(&mut worker, &[head_id], claim.lease_token, "w1", LEASE)
-                .await
-                .unwrap();
+        let handed = inbox::complete_all_keyed(
+            &mut worker,
+            &[head_id],
+            claim.lease_token,
+            "w1",
+            LEASE,
+            KeyLocks::Take,
+        )
+        .await
+        .unwrap();
         diesel_async::SimpleAsyncConnection::batch_execute(&mut worker, "COMMIT")
             .await
             .unwrap();
@@ -780,9 +786,16 @@ async fn a_lower_arrival_takes_the_place_of_a_ready_head_but_not_of_one_in_proce
     diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "BEGIN")
         .await
         .unwrap();
-    let handed = inbox::complete_all_keyed(&mut conn, &[taken.id], claim.lease_token, "w1", LEASE)
-        .await
-        .unwrap();
+    let handed = inbox::complete_all_keyed(
+        &mut conn,
+        &[taken.id],
+        claim.lease_token,
+        "w1",
+        LEASE,
+        KeyLocks::Take,
+    )
+    .await
+    .unwrap();
     diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "COMMIT")
         .await
         .unwrap();

@@ -287,6 +287,16 @@ pub async fn complete_all(
     expect_all(updated, ids.len())
 }
 
+/// Whether a keyed completion must lock its keys' rows, or its transaction holds them already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyLocks {
+    /// Lock them first: no earlier statement of the transaction did.
+    Take,
+    /// Held since an earlier completion in the same transaction handed these keys on to the
+    /// events now completed.
+    Held,
+}
+
 /// [`complete_all`] for rows of which some are ordered, handing each of their keys on to its
 /// next event, and returning the events handed on. Call it inside the caller's transaction.
 ///
@@ -304,7 +314,8 @@ pub async fn complete_all(
 /// a key locks them, so an ingest and a completion never deadlock. The second then reads the
 /// waiting events in a snapshot taken after those locks were granted, so no event that arrived
 /// before is missed; an arrival that comes later waits for this transaction, and then finds the
-/// key's new head (or none, and becomes it).
+/// key's new head (or none, and becomes it). With [`KeyLocks::Held`] (events handed on earlier
+/// in the same transaction: a busy key's run of events) the first is left out.
 ///
 /// The second statement settles every key of its rows itself, so the trigger that settles a key
 /// when its head leaves the queue (migration 21) would only find it settled, at a PL/pgSQL call
@@ -329,6 +340,7 @@ pub async fn complete_all_keyed(
     lease_token: Uuid,
     worker_name: &str,
     lease: Duration,
+    keys: KeyLocks,
 ) -> Result<Vec<ClaimedEvent>, TransitionError> {
     /// The statement's rows: the count of rows completed in each, and one event handed on
     /// in each, or none in the one row returned when no event was handed on.
@@ -352,108 +364,118 @@ pub async fn complete_all_keyed(
     if generic {
         conn.batch_execute(GENERIC_PLAN_ONCE).await?;
     }
-    cached_sql(
-        statuses_sql!(
-            "SELECT count(*) AS locked FROM ( \
-                 SELECT 1 FROM inbox_keys \
-                 WHERE ordering_key = ANY(ARRAY( \
-                     SELECT ordering_key FROM inbox_queue \
+    // The two statements are sent together (pipelined, through shared references to the
+    // connection): the server runs the second once the first is done, and a busy key, one
+    // event a transaction, pays one round trip, not two.
+    let rows = {
+        let (mut first, mut second) = (&*conn, &*conn);
+        let locked = (keys == KeyLocks::Take).then(|| {
+            cached_sql(
+                statuses_sql!(
+                    "SELECT count(*) AS locked FROM ( \
+                         SELECT 1 FROM inbox_keys \
+                         WHERE ordering_key = ANY(ARRAY( \
+                             SELECT ordering_key FROM inbox_queue \
+                             WHERE id = ANY($1) AND lease_token = $2 AND status + 0 = {processing} \
+                               AND ordering_key IS NOT NULL)) \
+                         ORDER BY ordering_key \
+                         FOR NO KEY UPDATE \
+                     ) AS locked"
+                ),
+                (
+                    bind::<Array<BigInt>, _>(ids),
+                    bind::<diesel::sql_types::Uuid, _>(lease_token),
+                ),
+            )
+            .execute(&mut first)
+        });
+        let completion = cached_sql(
+            statuses_sql!(
+                "WITH named AS MATERIALIZED ( \
+                     SELECT set_config('inbox.keys_released_by', \
+                                       $2::text || ' ' || statement_timestamp()::text, true) \
+                 ), completed AS ( \
+                     DELETE FROM inbox_queue \
                      WHERE id = ANY($1) AND lease_token = $2 AND status + 0 = {processing} \
-                       AND ordering_key IS NOT NULL)) \
-                 ORDER BY ordering_key \
-                 FOR NO KEY UPDATE \
-             ) AS locked"
-        ),
-        (
-            bind::<Array<BigInt>, _>(ids),
-            bind::<diesel::sql_types::Uuid, _>(lease_token),
-        ),
-    )
-    .execute(conn)
-    .await?;
-    let rows = cached_sql(
-        statuses_sql!(
-            "WITH named AS MATERIALIZED ( \
-                 SELECT set_config('inbox.keys_released_by', \
-                                   $2::text || ' ' || statement_timestamp()::text, true) \
-             ), completed AS ( \
-                 DELETE FROM inbox_queue \
-                 WHERE id = ANY($1) AND lease_token = $2 AND status + 0 = {processing} \
-                   AND (SELECT count(*) FROM named) = 1 \
-                 RETURNING id, attempt, locked_by, ordering_key, ordering_sequence, \
-                           key_processed_sequence \
-             ), released AS MATERIALIZED ( \
-                 SELECT completed.ordering_key, \
-                        greatest(completed.key_processed_sequence, completed.ordering_sequence) \
-                            AS processed_sequence, \
-                        next.id AS next_id, \
-                        coalesce(next.next_attempt_at <= now() AND next.not_paused, false) \
-                            AS hand_on \
-                 FROM completed \
-                 LEFT JOIN LATERAL ( \
-                     SELECT inbox_queue.id, inbox_queue.next_attempt_at, \
-                            {not_paused} AS not_paused \
-                     FROM inbox_queue \
-                     WHERE inbox_queue.ordering_key = completed.ordering_key \
-                       AND NOT inbox_queue.head \
-                     ORDER BY inbox_queue.ordering_sequence, inbox_queue.id \
-                     LIMIT 1 \
-                 ) AS next ON true \
-                 WHERE completed.ordering_key IS NOT NULL \
-             ), handed AS ( \
-                 UPDATE inbox_queue AS queue \
-                 SET head = true, key_processed_sequence = released.processed_sequence, \
-                     status = CASE WHEN released.hand_on THEN {processing} ELSE {ready} END, \
-                     attempt = queue.attempt + CASE WHEN released.hand_on THEN 1 ELSE 0 END, \
-                     lease_token = CASE WHEN released.hand_on THEN $2 END, \
-                     locked_by = CASE WHEN released.hand_on THEN $3 ELSE queue.locked_by END, \
-                     locked_until = CASE WHEN released.hand_on \
-                         THEN now() + $4 * interval '1 millisecond' END \
-                 FROM released \
-                 WHERE queue.id = released.next_id AND NOT queue.head \
-                 RETURNING queue.id, queue.status, queue.attempt, queue.next_attempt_at, \
-                           queue.ordering_key, queue.ordering_sequence, \
-                           released.processed_sequence \
-             ), idle AS ( \
-                 UPDATE inbox_keys AS key \
-                 SET processed_sequence = \
-                     greatest(key.processed_sequence, released.processed_sequence) \
-                 FROM released \
-                 WHERE key.ordering_key = released.ordering_key \
-                   AND (released.next_id IS NULL \
-                        OR released.next_id NOT IN (SELECT id FROM handed)) \
-             ), finished AS ( \
-                 INSERT INTO inbox_finished (id, status, attempt, locked_by, processed_at) \
-                 SELECT id, {done}, attempt, locked_by, clock_timestamp() FROM completed \
-                 RETURNING id \
-             ) \
-             SELECT total.completed, event.id, event.provider, event.event_id, \
-                    event.event_type, event.received_at, event.headers, event.body, \
-                    handed.attempt, handed.ordering_key, handed.ordering_sequence, \
-                    coalesce(handed.ordering_sequence < handed.processed_sequence, false) \
-                        AS stale, \
-                    coalesce(policy.skip_stale, false) AS skip_stale \
-             FROM (SELECT count(*) AS completed FROM finished) AS total \
-             LEFT JOIN ( \
-                 handed CROSS JOIN LATERAL ( \
-                     SELECT * FROM inbox_events \
-                     WHERE inbox_events.id = handed.id AND handed.status = {processing} \
-                     LIMIT 1 \
-                 ) AS event \
-                 LEFT JOIN inbox_ordering_providers AS policy \
-                     ON policy.provider = event.provider \
-             ) ON true \
-             ORDER BY handed.next_attempt_at, event.id"
-        ),
-        (
-            bind::<Array<BigInt>, _>(ids),
-            bind::<diesel::sql_types::Uuid, _>(lease_token),
-            bind::<Text, _>(worker_name),
-            bind::<BigInt, _>(duration_millis(lease)),
-        ),
-    )
-    .load::<KeyedCompletion>(conn)
-    .await?;
+                       AND (SELECT count(*) FROM named) = 1 \
+                     RETURNING id, attempt, locked_by, ordering_key, ordering_sequence, \
+                               key_processed_sequence \
+                 ), released AS MATERIALIZED ( \
+                     SELECT completed.ordering_key, \
+                            greatest(completed.key_processed_sequence, completed.ordering_sequence) \
+                                AS processed_sequence, \
+                            next.id AS next_id, \
+                            coalesce(next.next_attempt_at <= now() AND next.not_paused, false) \
+                                AS hand_on \
+                     FROM completed \
+                     LEFT JOIN LATERAL ( \
+                         SELECT inbox_queue.id, inbox_queue.next_attempt_at, \
+                                {not_paused} AS not_paused \
+                         FROM inbox_queue \
+                         WHERE inbox_queue.ordering_key = completed.ordering_key \
+                           AND NOT inbox_queue.head \
+                         ORDER BY inbox_queue.ordering_sequence, inbox_queue.id \
+                         LIMIT 1 \
+                     ) AS next ON true \
+                     WHERE completed.ordering_key IS NOT NULL \
+                 ), handed AS ( \
+                     UPDATE inbox_queue AS queue \
+                     SET head = true, key_processed_sequence = released.processed_sequence, \
+                         status = CASE WHEN released.hand_on THEN {processing} ELSE {ready} END, \
+                         attempt = queue.attempt + CASE WHEN released.hand_on THEN 1 ELSE 0 END, \
+                         lease_token = CASE WHEN released.hand_on THEN $2 END, \
+                         locked_by = CASE WHEN released.hand_on THEN $3 ELSE queue.locked_by END, \
+                         locked_until = CASE WHEN released.hand_on \
+                             THEN now() + $4 * interval '1 millisecond' END \
+                     FROM released \
+                     WHERE queue.id = released.next_id AND NOT queue.head \
+                     RETURNING queue.id, queue.status, queue.attempt, queue.next_attempt_at, \
+                               queue.ordering_key, queue.ordering_sequence, \
+                               released.processed_sequence \
+                 ), idle AS ( \
+                     UPDATE inbox_keys AS key \
+                     SET processed_sequence = \
+                         greatest(key.processed_sequence, released.processed_sequence) \
+                     FROM released \
+                     WHERE key.ordering_key = released.ordering_key \
+                       AND (released.next_id IS NULL \
+                            OR released.next_id NOT IN (SELECT id FROM handed)) \
+                 ), finished AS ( \
+                     INSERT INTO inbox_finished (id, status, attempt, locked_by, processed_at) \
+                     SELECT id, {done}, attempt, locked_by, clock_timestamp() FROM completed \
+                     RETURNING id \
+                 ) \
+                 SELECT total.completed, event.id, event.provider, event.event_id, \
+                        event.event_type, event.received_at, event.headers, event.body, \
+                        handed.attempt, handed.ordering_key, handed.ordering_sequence, \
+                        coalesce(handed.ordering_sequence < handed.processed_sequence, false) \
+                            AS stale, \
+                        coalesce(policy.skip_stale, false) AS skip_stale \
+                 FROM (SELECT count(*) AS completed FROM finished) AS total \
+                 LEFT JOIN ( \
+                     handed CROSS JOIN LATERAL ( \
+                         SELECT * FROM inbox_events \
+                         WHERE inbox_events.id = handed.id AND handed.status = {processing} \
+                         LIMIT 1 \
+                     ) AS event \
+                     LEFT JOIN inbox_ordering_providers AS policy \
+                         ON policy.provider = event.provider \
+                 ) ON true \
+                 ORDER BY handed.next_attempt_at, event.id"
+            ),
+            (
+                bind::<Array<BigInt>, _>(ids),
+                bind::<diesel::sql_types::Uuid, _>(lease_token),
+                bind::<Text, _>(worker_name),
+                bind::<BigInt, _>(duration_millis(lease)),
+            ),
+        )
+        .load::<KeyedCompletion>(&mut second);
+        match locked {
+            Some(locked) => futures_util::try_join!(locked, completion)?.1,
+            None => completion.await?,
+        }
+    };
     if generic {
         conn.batch_execute(SERVER_CHOOSES_PLANS).await?;
     }

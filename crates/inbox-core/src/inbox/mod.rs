@@ -15,7 +15,7 @@ pub use ingest::{
 pub use lease::{
     claim_due, complete, complete_all, complete_all_keyed, dead_letter, extend_lease,
     extend_leases, prepare_claim_session, release_unstarted, rescue_expired, schedule_retry, Claim,
-    ClaimedEvent, Rescued, TransitionError, RESCUE_REASON,
+    ClaimedEvent, KeyLocks, Rescued, TransitionError, RESCUE_REASON,
 };
 
 /// Longest `last_error` kept; error chains can be long and the row is read on every claim.

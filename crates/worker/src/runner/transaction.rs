@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use futures_util::FutureExt;
-use inbox_core::inbox;
+use inbox_core::inbox::{self, KeyLocks};
 use uuid::Uuid;
 
 use super::batch::{Batch, Routed};
@@ -51,6 +51,9 @@ struct Steps<'a> {
     savepoints: Savepoints,
     session: &'a AttemptSession,
     limits: Option<AttemptLimits>,
+    /// Whether the transaction holds the keys of the step's events: it does once a step
+    /// handed them on.
+    keys: KeyLocks,
 }
 
 /// What one event's part of an attempt came to.
@@ -142,14 +145,19 @@ impl Worker {
             return Ok(committed);
         }
         conn.transaction::<_, AttemptError, _>(async |tx| {
-            let mut handed_on = self.complete_step(tx, events, token).await?;
+            let mut handed_on = self
+                .complete_step(tx, events, token, KeyLocks::Take)
+                .await?;
             let mut ran = events.len();
             while self.can_continue(&handed_on, ran, Continuing::Unrouted) {
                 ran += self.count_handed_on(&handed_on);
                 let mut next = Vec::new();
                 for step in std::mem::take(&mut handed_on) {
                     if let Batch::Unrouted(events) = &step {
-                        next.extend(self.complete_step(tx, events, token).await?);
+                        next.extend(
+                            self.complete_step(tx, events, token, KeyLocks::Held)
+                                .await?,
+                        );
                         committed.outcomes.extend(ignored(events.len()));
                     }
                     committed.continued.push(step);
@@ -168,10 +176,13 @@ impl Worker {
         tx: &mut AsyncPgConnection,
         events: &[Event],
         token: Uuid,
+        keys: KeyLocks,
     ) -> Result<Vec<Batch>, AttemptError> {
         let ids: Vec<i64> = events.iter().map(|event| event.id).collect();
         let ordered = events.iter().any(|event| event.ordering_key.is_some());
-        Ok(self.complete_and_hand_on(tx, &ids, ordered, token).await?)
+        Ok(self
+            .complete_and_hand_on(tx, &ids, ordered, token, keys)
+            .await?)
     }
 
     /// Whether the transaction that handed `handed_on` on, having run `ran` events, runs
@@ -207,13 +218,14 @@ impl Worker {
         ids: &[i64],
         ordered: bool,
         token: Uuid,
+        keys: KeyLocks,
     ) -> Result<Vec<Batch>, inbox::TransitionError> {
         if !ordered {
             inbox::complete_all(tx, ids, token).await?;
             return Ok(Vec::new());
         }
         let (name, lease) = (&self.settings.name, self.settings.lease);
-        let handed_on = inbox::complete_all_keyed(tx, ids, token, name, lease).await?;
+        let handed_on = inbox::complete_all_keyed(tx, ids, token, name, lease, keys).await?;
         Ok(self.batches_of(handed_on))
     }
 
@@ -237,6 +249,7 @@ impl Worker {
                     savepoints,
                     session,
                     limits: None,
+                    keys: KeyLocks::Take,
                 };
                 let (outcomes, mut handed_on) = self.run_step(tx, batch, &mut steps).await?;
                 let mut committed = Committed {
@@ -244,13 +257,16 @@ impl Worker {
                     ..Committed::default()
                 };
                 let mut ran = batch.len();
+                steps.keys = KeyLocks::Held;
                 while self.can_continue(&handed_on, ran, Continuing::InDatabase) {
                     ran += self.count_handed_on(&handed_on);
                     let mut next = Vec::new();
                     for step in std::mem::take(&mut handed_on) {
                         let (outcomes, more) = match &step {
                             Batch::Unrouted(events) => {
-                                let more = self.complete_step(tx, events, token).await?;
+                                let more = self
+                                    .complete_step(tx, events, token, KeyLocks::Held)
+                                    .await?;
                                 (ignored(events.len()), more)
                             }
                             Batch::Routed(routed) => self
@@ -315,7 +331,7 @@ impl Worker {
             }
         }
         let handed_on = self
-            .complete_and_hand_on(tx, &completed, ordered, steps.token)
+            .complete_and_hand_on(tx, &completed, ordered, steps.token, steps.keys)
             .await?;
         Ok((outcomes, handed_on))
     }
