@@ -200,7 +200,8 @@ CREATE TRIGGER inbox_queue_key_arrived_by_insert
     EXECUTE FUNCTION inbox_keys_arrived();
 
 -- A row moved to another key or place in its key (an operator's or a test's update: nothing in
--- the product does it) joins its new key as an arrival, waiting; a head it was leaves its old key.
+-- the product does it) joins its new key as an arrival, waiting; a head it was leaves its old key,
+-- and what it carried stays in that key's row.
 CREATE FUNCTION inbox_key_moving() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     NEW.head := false;
@@ -220,6 +221,11 @@ DECLARE
     keys text[] := array_remove(ARRAY[OLD.ordering_key, NEW.ordering_key], NULL);
 BEGIN
     PERFORM inbox_lock_keys(keys);
+    IF OLD.head THEN
+        UPDATE inbox_keys
+        SET processed_sequence = greatest(processed_sequence, OLD.key_processed_sequence)
+        WHERE ordering_key = OLD.ordering_key;
+    END IF;
     PERFORM inbox_settle_heads(keys);
     RETURN NULL;
 END
@@ -234,8 +240,8 @@ CREATE TRIGGER inbox_queue_key_moved
 
 -- A head leaving the queue other than by the keyed completion (which settles its keys itself and
 -- names itself in `inbox.keys_released_by`, migration 19) leaves what it carried in the key's
--- row, and its own sequence too when done; dead, its ordering is kept for a replay and it blocks the key unless
--- its provider releases dead heads; then the key is settled. A head returning to ready (a retry,
+-- row, and its own sequence too when done; dead, its ordering is kept for a replay and it blocks
+-- the key unless its provider releases dead heads; then the key is settled. A head returning to ready (a retry,
 -- a rescue, a release) is settled with its key, so a lower event that arrived meanwhile goes
 -- first. The key row is locked first: the settling reads what was committed before.
 CREATE FUNCTION inbox_head_left() RETURNS trigger LANGUAGE plpgsql AS $$
