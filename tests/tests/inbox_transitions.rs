@@ -670,6 +670,90 @@ async fn a_keyed_completion_keeps_its_keys_sequence_when_the_next_event_leaves_u
     );
 }
 
+/// A keyed completion runs without a transaction around it when the worker has no more to do in
+/// one: losing the lease of any of its events must then change nothing, neither completing the
+/// others nor handing their keys on to events the worker would not know it holds.
+#[tokio::test]
+async fn a_keyed_completion_with_a_lease_lost_changes_nothing() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let (kept, lost) = (
+        inbox::ordering_key("demo", "order_1"),
+        inbox::ordering_key("demo", "order_2"),
+    );
+    let mut arrivals = ordered_events(&kept, 2);
+    arrivals.extend(ordered_events(&lost, 2).into_iter().map(|event| NewEvent {
+        event_id: format!("{}_lost", event.event_id),
+        ..event
+    }));
+    inbox::insert_events(&mut conn, &arrivals).await.unwrap();
+    let claim = inbox::claim_due(&mut conn, "w1", LEASE, 10).await.unwrap();
+    let heads: Vec<i64> = claim.events.iter().map(|e| e.id).collect();
+    assert_eq!(heads.len(), 2, "one head of each key: {:?}", claim.events);
+    // The head of the second key is rescued and claimed again, by another worker.
+    diesel::sql_query(format!(
+        "UPDATE inbox_queue SET lease_token = gen_random_uuid(), locked_by = 'w2' \
+         WHERE ordering_key = '{lost}' AND head"
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+
+    let completion = inbox::complete_all_keyed(
+        &mut conn,
+        &heads,
+        claim.lease_token,
+        "w1",
+        LEASE,
+        KeyLocks::Take,
+    )
+    .await;
+    assert!(
+        matches!(completion, Err(TransitionError::LeaseLost)),
+        "{completion:?}"
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM inbox_finished").await,
+        0,
+        "the event still held is not completed either"
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM inbox_queue WHERE head AND status = 1"
+        )
+        .await,
+        2,
+        "both heads are still in processing"
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM inbox_queue WHERE NOT head AND status = 0 AND attempt = 0"
+        )
+        .await,
+        2,
+        "no key was handed on"
+    );
+    // With its lease, the completion goes through.
+    let kept_head = claim
+        .events
+        .iter()
+        .find(|event| event.ordering_key.as_deref() == Some(kept.as_str()))
+        .unwrap();
+    let handed = inbox::complete_all_keyed(
+        &mut conn,
+        &[kept_head.id],
+        claim.lease_token,
+        "w1",
+        LEASE,
+        KeyLocks::Take,
+    )
+    .await
+    .unwrap();
+    assert_eq!(handed.len(), 1, "the kept key's next event is handed on");
+}
+
 /// The events of `key`, in order: sequences 1, 2, ...
 fn ordered_events(key: &str, n: usize) -> Vec<NewEvent> {
     events(n)

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{Array, BigInt, Integer, Text};
+use diesel::sql_types::{Array, BigInt, Bool, Integer, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use uuid::Uuid;
 
@@ -210,16 +210,6 @@ pub async fn prepare_claim_session(conn: &mut AsyncPgConnection) -> QueryResult<
 const INDEXES_ONLY_GENERIC_PLANS: &str = "SET plan_cache_mode = force_generic_plan; \
      SET jit = off; SET enable_seqscan = off; SET enable_bitmapscan = off";
 
-/// The settings of [`prepare_claim_session`], for the rest of the current transaction: its
-/// next statements use their generic plans, made without JIT compilation and reading by
-/// index (a statement's generic plan is made once, with the settings of its first run).
-const GENERIC_PLAN_ONCE: &str = "SET LOCAL plan_cache_mode = force_generic_plan; \
-     SET LOCAL jit = off; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off";
-
-/// Undoes [`GENERIC_PLAN_ONCE`] for the rest of the current transaction.
-const SERVER_CHOOSES_PLANS: &str = "SET LOCAL plan_cache_mode = DEFAULT; SET LOCAL jit = DEFAULT; \
-     SET LOCAL enable_seqscan = DEFAULT; SET LOCAL enable_bitmapscan = DEFAULT";
-
 /// A fenced transition that did not happen.
 #[derive(Debug, thiserror::Error)]
 pub enum TransitionError {
@@ -298,7 +288,8 @@ pub enum KeyLocks {
 }
 
 /// [`complete_all`] for rows of which some are ordered, handing each of their keys on to its
-/// next event, and returning the events handed on. Call it inside the caller's transaction.
+/// next event, and returning the events handed on. One statement: call it inside the caller's
+/// transaction, or alone (it commits by itself, with the events it hands on claimed).
 ///
 /// A key's next event is its lowest `(ordering_sequence, id)` waiting behind the completed head;
 /// it becomes the key's head (migration 21). When it is due and not paused it is claimed too,
@@ -310,30 +301,25 @@ pub enum KeyLocks {
 /// is left without a head, for its next arrival to take, and its `inbox_keys` row keeps that
 /// sequence: a busy key's row is written only when it falls idle.
 ///
-/// Two statements. The first locks the keys' `inbox_keys` rows in key order, as every writer of
-/// a key locks them, so an ingest and a completion never deadlock. The second then reads the
-/// waiting events in a snapshot taken after those locks were granted, so no event that arrived
-/// before is missed; an arrival that comes later waits for this transaction, and then finds the
-/// key's new head (or none, and becomes it). With [`KeyLocks::Held`] (events handed on earlier
-/// in the same transaction: a busy key's run of events) the first is left out.
+/// The work is the function `inbox_complete_keyed` (migration 22), in two statements: the first
+/// locks the keys' `inbox_keys` rows in key order, as every writer of a key locks them, so an
+/// ingest and a completion never deadlock; the second reads the waiting events in a snapshot
+/// taken after those locks were granted, so no event that arrived before is missed, and an
+/// arrival that comes later waits for the completion, then finds the key's new head (or none,
+/// and becomes it). With [`KeyLocks::Held`] (events handed on earlier in the same transaction:
+/// a busy key's run of events) the first is left out. The function's statements run their
+/// generic plans, made once per session, reading by index.
 ///
 /// The second statement settles every key of its rows itself, so the trigger that settles a key
 /// when its head leaves the queue (migration 21) would only find it settled, at a PL/pgSQL call
-/// and a key lookup an event: the statement names itself in `inbox.keys_released_by` (its lease
-/// token and its start, both of which the trigger's `WHEN` sees), and the trigger skips the
-/// rows it deletes (migration 19).
-///
-/// Every lookup goes by key, from the completed rows to their next events and keys' rows; no
-/// two of the statement's intermediate results are joined to each other, as the planner, which
-/// cannot estimate their sizes, would join them by testing every pair (10,000 comparisons for
-/// 100 events). The events handed on are read in the same statement: read by another one,
-/// taking an array of keys, that statement was planned anew at every call (its plan for one
-/// key looking cheaper than the generic one), which cost a busy key, one event a transaction,
-/// a third of its throughput.
+/// and a key lookup an event: the function names the statement in `inbox.keys_released_by` (its
+/// lease token and its start, both of which the trigger's `WHEN` sees), and the trigger skips
+/// the rows it deletes (migration 19).
 ///
 /// Unless every row is still held, the caller's transaction must roll back
-/// ([`TransitionError::LeaseLost`]). Locks the key rows, the queue rows it deletes and the
-/// events it hands on until the caller's transaction ends.
+/// ([`TransitionError::LeaseLost`]); called alone, the statement changes nothing then, as the
+/// function raises no error: the worker must not treat the events as done. Locks the key rows,
+/// the queue rows it deletes and the events it hands on until the transaction ends.
 pub async fn complete_all_keyed(
     conn: &mut AsyncPgConnection,
     ids: &[i64],
@@ -342,7 +328,7 @@ pub async fn complete_all_keyed(
     lease: Duration,
     keys: KeyLocks,
 ) -> Result<Vec<ClaimedEvent>, TransitionError> {
-    /// The statement's rows: the count of rows completed in each, and one event handed on
+    /// The function's rows: the count of rows completed in each, and one event handed on
     /// in each, or none in the one row returned when no event was handed on.
     #[derive(QueryableByName)]
     struct KeyedCompletion {
@@ -355,133 +341,36 @@ pub async fn complete_all_keyed(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    // Left to the server, a completion of many events was planned anew at most calls, for
-    // 2.7 ms of its CPU each: it is planned once, generically, for the connection, and the
-    // rest of the transaction is left to the server's choice. One event (a busy key's) the
-    // server plans generically itself, and the two round trips cost a hot key a fifth of
-    // its throughput.
-    let generic = ids.len() > 1;
-    if generic {
-        conn.batch_execute(GENERIC_PLAN_ONCE).await?;
-    }
-    // The two statements are sent together (pipelined, through shared references to the
-    // connection): the server runs the second once the first is done, and a busy key, one
-    // event a transaction, pays one round trip, not two.
-    let rows = {
-        let (mut first, mut second) = (&*conn, &*conn);
-        let locked = (keys == KeyLocks::Take).then(|| {
-            cached_sql(
-                statuses_sql!(
-                    "SELECT count(*) AS locked FROM ( \
-                         SELECT 1 FROM inbox_keys \
-                         WHERE ordering_key = ANY(ARRAY( \
-                             SELECT ordering_key FROM inbox_queue \
-                             WHERE id = ANY($1) AND lease_token = $2 AND status + 0 = {processing} \
-                               AND ordering_key IS NOT NULL)) \
-                         ORDER BY ordering_key \
-                         FOR NO KEY UPDATE \
-                     ) AS locked"
-                ),
-                (
-                    bind::<Array<BigInt>, _>(ids),
-                    bind::<diesel::sql_types::Uuid, _>(lease_token),
-                ),
-            )
-            .execute(&mut first)
-        });
-        let completion = cached_sql(
-            statuses_sql!(
-                "WITH named AS MATERIALIZED ( \
-                     SELECT set_config('inbox.keys_released_by', \
-                                       $2::text || ' ' || statement_timestamp()::text, true) \
-                 ), completed AS ( \
-                     DELETE FROM inbox_queue \
-                     WHERE id = ANY($1) AND lease_token = $2 AND status + 0 = {processing} \
-                       AND (SELECT count(*) FROM named) = 1 \
-                     RETURNING id, attempt, locked_by, ordering_key, ordering_sequence, \
-                               key_processed_sequence \
-                 ), released AS MATERIALIZED ( \
-                     SELECT completed.ordering_key, \
-                            greatest(completed.key_processed_sequence, completed.ordering_sequence) \
-                                AS processed_sequence, \
-                            next.id AS next_id, \
-                            coalesce(next.next_attempt_at <= now() AND next.not_paused, false) \
-                                AS hand_on \
-                     FROM completed \
-                     LEFT JOIN LATERAL ( \
-                         SELECT inbox_queue.id, inbox_queue.next_attempt_at, \
-                                {not_paused} AS not_paused \
-                         FROM inbox_queue \
-                         WHERE inbox_queue.ordering_key = completed.ordering_key \
-                           AND NOT inbox_queue.head \
-                         ORDER BY inbox_queue.ordering_sequence, inbox_queue.id \
-                         LIMIT 1 \
-                     ) AS next ON true \
-                     WHERE completed.ordering_key IS NOT NULL \
-                 ), handed AS ( \
-                     UPDATE inbox_queue AS queue \
-                     SET head = true, key_processed_sequence = released.processed_sequence, \
-                         status = CASE WHEN released.hand_on THEN {processing} ELSE {ready} END, \
-                         attempt = queue.attempt + CASE WHEN released.hand_on THEN 1 ELSE 0 END, \
-                         lease_token = CASE WHEN released.hand_on THEN $2 END, \
-                         locked_by = CASE WHEN released.hand_on THEN $3 ELSE queue.locked_by END, \
-                         locked_until = CASE WHEN released.hand_on \
-                             THEN now() + $4 * interval '1 millisecond' END \
-                     FROM released \
-                     WHERE queue.id = released.next_id AND NOT queue.head \
-                     RETURNING queue.id, queue.status, queue.attempt, queue.next_attempt_at, \
-                               queue.ordering_key, queue.ordering_sequence, \
-                               released.processed_sequence \
-                 ), idle AS ( \
-                     UPDATE inbox_keys AS key \
-                     SET processed_sequence = \
-                         greatest(key.processed_sequence, released.processed_sequence) \
-                     FROM released \
-                     WHERE key.ordering_key = released.ordering_key \
-                       AND (released.next_id IS NULL \
-                            OR released.next_id NOT IN (SELECT id FROM handed)) \
-                 ), finished AS ( \
-                     INSERT INTO inbox_finished (id, status, attempt, locked_by, processed_at) \
-                     SELECT id, {done}, attempt, locked_by, clock_timestamp() FROM completed \
-                     RETURNING id \
-                 ) \
-                 SELECT total.completed, event.id, event.provider, event.event_id, \
-                        event.event_type, event.received_at, event.headers, event.body, \
-                        handed.attempt, handed.ordering_key, handed.ordering_sequence, \
-                        coalesce(handed.ordering_sequence < handed.processed_sequence, false) \
-                            AS stale, \
-                        coalesce(policy.skip_stale, false) AS skip_stale \
-                 FROM (SELECT count(*) AS completed FROM finished) AS total \
-                 LEFT JOIN ( \
-                     handed CROSS JOIN LATERAL ( \
-                         SELECT * FROM inbox_events \
-                         WHERE inbox_events.id = handed.id AND handed.status = {processing} \
-                         LIMIT 1 \
-                     ) AS event \
-                     LEFT JOIN inbox_ordering_providers AS policy \
-                         ON policy.provider = event.provider \
-                 ) ON true \
-                 ORDER BY handed.next_attempt_at, event.id"
-            ),
-            (
-                bind::<Array<BigInt>, _>(ids),
-                bind::<diesel::sql_types::Uuid, _>(lease_token),
-                bind::<Text, _>(worker_name),
-                bind::<BigInt, _>(duration_millis(lease)),
-            ),
-        )
-        .load::<KeyedCompletion>(&mut second);
-        match locked {
-            Some(locked) => futures_util::try_join!(locked, completion)?.1,
-            None => completion.await?,
-        }
-    };
-    if generic {
-        conn.batch_execute(SERVER_CHOOSES_PLANS).await?;
-    }
+    let rows = cached_sql(
+        "SELECT * FROM inbox_complete_keyed($1, $2, $3, $4, $5)",
+        (
+            bind::<Array<BigInt>, _>(ids),
+            bind::<diesel::sql_types::Uuid, _>(lease_token),
+            bind::<Text, _>(worker_name),
+            bind::<BigInt, _>(duration_millis(lease)),
+            bind::<Bool, _>(keys == KeyLocks::Take),
+        ),
+    )
+    .load::<KeyedCompletion>(conn)
+    .await
+    .map_err(lease_lost_in_function)?;
     let completed = rows.as_slice().first().map_or(0, |row| row.completed);
     expect_all(usize::try_from(completed).unwrap_or(0), ids.len())?;
     Ok(rows.into_iter().filter_map(|row| row.handed_on).collect())
+}
+
+/// The error a function of the lease raises (`inbox_lease_held`, migration 22) when a row was no
+/// longer held, as [`TransitionError::LeaseLost`].
+fn lease_lost_in_function(err: diesel::result::Error) -> TransitionError {
+    use diesel::result::{DatabaseErrorKind, Error};
+    match &err {
+        Error::DatabaseError(DatabaseErrorKind::CheckViolation, info)
+            if info.constraint_name() == Some("inbox_lease_held") =>
+        {
+            TransitionError::LeaseLost
+        }
+        _ => TransitionError::Database(err),
+    }
 }
 
 /// `processing -> ready` after a retryable failure, due again after `delay`, with `error`

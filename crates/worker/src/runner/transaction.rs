@@ -144,6 +144,14 @@ impl Worker {
             inbox::complete_all(&mut conn, &ids, token).await?;
             return Ok(committed);
         }
+        // The keyed completion is one statement: with no room left for the events it hands on,
+        // it needs no transaction around it.
+        if !self.fits_in_transaction(events.len() + 1) {
+            committed.handed_on = self
+                .complete_step(&mut conn, events, token, KeyLocks::Take)
+                .await?;
+            return Ok(committed);
+        }
         conn.transaction::<_, AttemptError, _>(async |tx| {
             let mut handed_on = self
                 .complete_step(tx, events, token, KeyLocks::Take)
@@ -192,7 +200,7 @@ impl Worker {
     fn can_continue(&self, handed_on: &[Batch], ran: usize, continuing: Continuing) -> bool {
         let events: usize = handed_on.iter().map(Batch::len).sum();
         events > 0
-            && ran + events <= self.settings.transaction_size.max(1)
+            && self.fits_in_transaction(ran + events)
             && handed_on.iter().all(|batch| match batch {
                 Batch::Unrouted(_) => true,
                 Batch::Routed(routed) => {
@@ -200,6 +208,11 @@ impl Worker {
                         && routed.iter().all(|one| one.handler.batchable())
                 }
             })
+    }
+
+    /// Whether `events` fit in one transaction (`transaction_size`).
+    fn fits_in_transaction(&self, events: usize) -> bool {
+        events <= self.settings.transaction_size.max(1)
     }
 
     /// Counts `handed_on`, events a transaction runs itself, as handed on; returns how many.
