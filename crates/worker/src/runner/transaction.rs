@@ -125,9 +125,10 @@ impl Worker {
     }
 
     /// Completes `events`, which have no effect to commit with them (each was `handled`):
-    /// one statement, no transaction around it; when some are ordered, with their keys' next
-    /// events handed on in the same transaction, and those that need no handler completed in
-    /// it too, as ignored.
+    /// one statement, no transaction around it, which hands the keys of ordered events on to
+    /// their next events. When the transaction has room for those, it is opened around the
+    /// statement, and the events handed on that need no handler are completed in it too, as
+    /// ignored.
     async fn complete_alone(
         &self,
         events: &[Event],
