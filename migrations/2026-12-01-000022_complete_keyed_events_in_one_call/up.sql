@@ -1,11 +1,11 @@
 -- The keyed completion (`inbox::complete_all_keyed`) as one call: it locks its keys, then
 -- completes its events and hands each key on, in two statements of one function. Sent by the
 -- worker as two statements, with the settings that make them run their generic plans set
--- before and reset after, it cost five round trips between two commits (the settings, the
--- statements, the reset); a completion of events that no handler takes ran in a transaction
--- of its own only to hold the keys' locks from the first statement to the second. A call is one
--- statement: it runs alone, without a transaction around it, and the worker's connection is
--- back in the pool after one round trip.
+-- before and reset after, it cost three round trips (the settings, the statements, the reset);
+-- and a completion of events that no handler takes ran in a transaction of its own (two more:
+-- `BEGIN`, `COMMIT`) only to hold the keys' locks from the first statement to the second. A
+-- call is one statement, which can run alone: the worker's connection is back in the pool
+-- after one round trip.
 --
 -- Its statements run their generic plans (`plan_cache_mode`), made once per session: left to
 -- the server, a completion of many events was planned anew at most calls, for 2.7 ms of its
