@@ -316,10 +316,11 @@ pub enum KeyLocks {
 /// lease token and its start, both of which the trigger's `WHEN` sees), and the trigger skips
 /// the rows it deletes (migration 19).
 ///
-/// Unless every row is still held, the caller's transaction must roll back
-/// ([`TransitionError::LeaseLost`]); called alone, the statement changes nothing then, as the
-/// function raises no error: the worker must not treat the events as done. Locks the key rows,
-/// the queue rows it deletes and the events it hands on until the transaction ends.
+/// Unless every row is still held, it fails with [`TransitionError::LeaseLost`] and changes
+/// nothing: the function raises (`inbox_lease_held`), which undoes the statement, so a call
+/// alone leaves no event completed or handed on; a caller's transaction is aborted and must
+/// roll back. Locks the key rows, the queue rows it deletes and the events it hands on until
+/// the transaction ends.
 pub async fn complete_all_keyed(
     conn: &mut AsyncPgConnection,
     ids: &[i64],
