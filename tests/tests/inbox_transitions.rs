@@ -754,6 +754,55 @@ async fn a_keyed_completion_with_a_lease_lost_changes_nothing() {
     assert_eq!(handed.len(), 1, "the kept key's next event is handed on");
 }
 
+/// A key's next event on a paused route is not handed on: it becomes the key's head, ready,
+/// and waits for the route to be resumed and a claim. Another provider's pause changes nothing.
+#[tokio::test]
+async fn a_keyed_completion_hands_no_event_of_a_paused_route_on() {
+    use inbox::pause::{pause_route, resume_route, EVERY_EVENT_TYPE};
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let key = inbox::ordering_key("demo", "order_1");
+    inbox::insert_events(&mut conn, &ordered_events(&key, 3))
+        .await
+        .unwrap();
+    let claim = inbox::claim_due(&mut conn, "w1", LEASE, 10).await.unwrap();
+    let [head] = claim.events.as_slice() else {
+        panic!("one event of the key is claimed: {:?}", claim.events);
+    };
+    let complete = async |conn: &mut diesel_async::AsyncPgConnection, id: i64| {
+        inbox::complete_all_keyed(conn, &[id], claim.lease_token, "w1", LEASE, KeyLocks::Take)
+            .await
+            .unwrap()
+    };
+
+    assert!(pause_route(&mut conn, "other", EVERY_EVENT_TYPE, "olivia")
+        .await
+        .unwrap());
+    let handed = complete(&mut conn, head.id).await;
+    let [second] = handed.as_slice() else {
+        panic!("the next event is handed on: {handed:?}");
+    };
+    assert!(pause_route(&mut conn, "demo", EVERY_EVENT_TYPE, "olivia")
+        .await
+        .unwrap());
+    let handed = complete(&mut conn, second.id).await;
+    assert!(handed.is_empty(), "a paused event is handed on: {handed:?}");
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM inbox_queue WHERE head AND status = 0 AND attempt = 0"
+        )
+        .await,
+        1,
+        "the third event is the key's head, ready and unclaimed"
+    );
+    assert!(resume_route(&mut conn, "demo", EVERY_EVENT_TYPE)
+        .await
+        .unwrap());
+    let claim = inbox::claim_due(&mut conn, "w1", LEASE, 10).await.unwrap();
+    assert_eq!(claim.events.len(), 1, "resumed, the head is claimed");
+}
+
 /// The events of `key`, in order: sequences 1, 2, ...
 fn ordered_events(key: &str, n: usize) -> Vec<NewEvent> {
     events(n)
