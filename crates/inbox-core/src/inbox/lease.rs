@@ -11,7 +11,8 @@
 //! dead-letter a row it no longer owns.
 //!
 //! Every statement is fixed SQL prepared once per connection ([`cached_sql`]), its row states
-//! written from [`crate::InboxStatus`] ([`crate::statuses_sql!`]).
+//! written from [`crate::InboxStatus`] ([`crate::statuses_sql!`]); the keyed completion calls a
+//! function of the schema (migration 22), whose SQL writes them as numbers, as migrations do.
 //!
 //! The transitions of a batch (`id = ANY($1) AND lease_token = $2`) test the state as
 //! `status + 0 = processing`: written plainly, the condition lets the planner read the batch
