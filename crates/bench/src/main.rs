@@ -28,7 +28,10 @@ use hyper_util::rt::TokioIo;
 use inbox_signature::providers::{self, Options, TemplateOptions};
 use inbox_signature::{Algorithm, DigestEncoding, Outgoing, Scheme, SigningKey, TimestampFormat};
 
+mod drained;
 mod soak;
+
+use drained::QueueWatch;
 
 /// Load generator and measurements for webhook-inbox benchmarks.
 #[derive(Debug, Parser)]
@@ -605,17 +608,8 @@ async fn prefill(database_url: &str, events: i64, event_type: &str) -> anyhow::R
 async fn wait_drained(database_url: &str, events: i64, timeout: Duration) -> anyhow::Result<()> {
     let mut conn = AsyncPgConnection::establish(database_url).await?;
     let started = Instant::now();
-    loop {
-        let rows: Vec<Count> =
-            // Stops at the first unfinished row: the poll must not load the database it measures.
-            diesel::sql_query(
-                "SELECT count(*) AS n FROM (SELECT 1 FROM inbox_queue LIMIT 1) AS unfinished",
-            )
-                .load(&mut conn)
-                .await?;
-        if rows.iter().map(|r| r.n).sum::<i64>() == 0 {
-            break;
-        }
+    let mut queue = QueueWatch::default();
+    while !queue.is_empty(&mut conn).await? {
         anyhow::ensure!(
             started.elapsed() < timeout,
             "backlog not drained within {timeout:?}"

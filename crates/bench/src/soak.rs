@@ -19,6 +19,7 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
+use crate::drained::QueueWatch;
 use crate::{connect, send, unix_seconds, Signer, Target};
 
 /// What `soak` is told.
@@ -377,30 +378,18 @@ fn progress_line(
     )
 }
 
-#[derive(QueryableByName)]
-struct Backlog {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
 /// Waits until no event is ready or processing; how long that took after the last send.
 async fn wait_drained(conn: &mut AsyncPgConnection, timeout: Duration) -> anyhow::Result<f64> {
     let started = Instant::now();
-    loop {
-        let rows: Vec<Backlog> = diesel::sql_query(
-            "SELECT count(*) AS n FROM (SELECT 1 FROM inbox_queue LIMIT 1) AS unfinished",
-        )
-        .load(conn)
-        .await?;
-        if rows.iter().all(|row| row.n == 0) {
-            return Ok(started.elapsed().as_secs_f64());
-        }
+    let mut queue = QueueWatch::default();
+    while !queue.is_empty(conn).await? {
         anyhow::ensure!(
             started.elapsed() < timeout,
             "backlog not drained {timeout:?} after the last send"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    Ok(started.elapsed().as_secs_f64())
 }
 
 #[derive(QueryableByName)]
