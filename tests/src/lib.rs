@@ -13,6 +13,7 @@ use std::time::Duration;
 use diesel::sql_types::BigInt;
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use inbox_core::inbox::{complete_all_keyed, ClaimedEvent, KeyLocks, TransitionError};
 use inbox_core::BackoffPolicy;
 use receiver::ingest::IngestMode;
 use receiver::providers::Providers;
@@ -212,6 +213,25 @@ pub fn demo_router() -> Router {
 struct Count {
     #[diesel(sql_type = BigInt)]
     n: i64,
+}
+
+/// Completes `ids`, claimed under `token` by a worker `w1` with leases of 30 s, as the worker
+/// completes ordered events it runs alone: the completion takes its keys' locks and returns the
+/// events it hands on, claimed under `token`.
+pub async fn complete_keyed(
+    conn: &mut AsyncPgConnection,
+    ids: &[i64],
+    token: uuid::Uuid,
+) -> Result<Vec<ClaimedEvent>, TransitionError> {
+    complete_all_keyed(
+        conn,
+        ids,
+        token,
+        "w1",
+        Duration::from_secs(30),
+        KeyLocks::Take,
+    )
+    .await
 }
 
 /// Runs a `SELECT count(*) AS n ...`-style query returning one bigint column named `n`.

@@ -13,10 +13,10 @@ use diesel::sql_types::BigInt;
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use inbox_core::inbox::{
-    claim_due, complete_all, complete_all_keyed, dead_letter, insert_events, ordering_key,
-    prepare_claim_session, EventOrdering, KeyLocks, NewEvent,
+    claim_due, complete_all, dead_letter, insert_events, ordering_key, prepare_claim_session,
+    EventOrdering, NewEvent,
 };
-use inbox_tests::count;
+use inbox_tests::{complete_keyed, count};
 use test_db::TestDatabase;
 
 fn event(n: usize) -> NewEvent {
@@ -315,9 +315,7 @@ async fn a_keyed_completion_hands_on_by_key_under_a_generic_plan() {
         assert_eq!(event.ordering_sequence, Some(expected));
         conn.batch_execute("BEGIN").await.unwrap();
         let before = scanned(&mut conn).await;
-        let next = complete_all_keyed(&mut conn, &[event.id], token, "w1", LEASE, KeyLocks::Take)
-            .await
-            .unwrap();
+        let next = complete_keyed(&mut conn, &[event.id], token).await.unwrap();
         let read = scanned(&mut conn).await - before;
         conn.batch_execute("COMMIT").await.unwrap();
         assert_eq!(
@@ -349,16 +347,9 @@ async fn a_keyed_completion_reads_the_journal_by_key_under_a_plan_made_while_it_
     let ids: Vec<i64> = first.events.iter().map(|event| event.id).collect();
     // In a transaction, as the worker completes events: the plan is made here.
     conn.batch_execute("BEGIN").await.unwrap();
-    complete_all_keyed(
-        &mut conn,
-        &ids,
-        first.lease_token,
-        "w1",
-        LEASE,
-        KeyLocks::Take,
-    )
-    .await
-    .unwrap();
+    complete_keyed(&mut conn, &ids, first.lease_token)
+        .await
+        .unwrap();
     conn.batch_execute("COMMIT").await.unwrap();
     let events: Vec<NewEvent> = (0..KEYS * 20)
         .map(|n| ordered_among("key", KEYS, n))
@@ -369,16 +360,9 @@ async fn a_keyed_completion_reads_the_journal_by_key_under_a_plan_made_while_it_
     let ids: Vec<i64> = claim.events.iter().map(|event| event.id).collect();
     conn.batch_execute("BEGIN").await.unwrap();
     let before = journal_scanned(&mut conn).await;
-    let handed = complete_all_keyed(
-        &mut conn,
-        &ids,
-        claim.lease_token,
-        "w1",
-        LEASE,
-        KeyLocks::Take,
-    )
-    .await
-    .unwrap();
+    let handed = complete_keyed(&mut conn, &ids, claim.lease_token)
+        .await
+        .unwrap();
     let scanned = journal_scanned(&mut conn).await - before;
     conn.batch_execute("COMMIT").await.unwrap();
     assert_eq!(handed.len(), KEYS, "each key handed on to its second event");

@@ -7,13 +7,13 @@
 use std::time::Duration;
 
 use diesel_async::RunQueryDsl;
-use inbox_core::inbox::{self, KeyLocks, NewEvent, TransitionError};
+use inbox_core::inbox::{self, NewEvent, TransitionError};
 use inbox_core::schema::{
     console_audit, demo_ledger, demo_payments, inbox_dedup, inbox_events, inbox_finished,
     inbox_paused_routes, inbox_queue, processed_events, webhook_inbox,
 };
 use inbox_core::BackoffPolicy;
-use inbox_tests::count;
+use inbox_tests::{complete_keyed, count};
 use test_db::TestDatabase;
 
 fn events(n: usize) -> Vec<NewEvent> {
@@ -622,16 +622,9 @@ async fn a_keyed_completion_keeps_its_keys_sequence_when_the_next_event_leaves_u
         diesel_async::SimpleAsyncConnection::batch_execute(&mut worker, "BEGIN")
             .await
             .unwrap();
-        let handed = inbox::complete_all_keyed(
-            &mut worker,
-            &[head_id],
-            claim.lease_token,
-            "w1",
-            LEASE,
-            KeyLocks::Take,
-        )
-        .await
-        .unwrap();
+        let handed = complete_keyed(&mut worker, &[head_id], claim.lease_token)
+            .await
+            .unwrap();
         diesel_async::SimpleAsyncConnection::batch_execute(&mut worker, "COMMIT")
             .await
             .unwrap();
@@ -699,15 +692,7 @@ async fn a_keyed_completion_with_a_lease_lost_changes_nothing() {
     .await
     .unwrap();
 
-    let completion = inbox::complete_all_keyed(
-        &mut conn,
-        &heads,
-        claim.lease_token,
-        "w1",
-        LEASE,
-        KeyLocks::Take,
-    )
-    .await;
+    let completion = complete_keyed(&mut conn, &heads, claim.lease_token).await;
     assert!(
         matches!(completion, Err(TransitionError::LeaseLost)),
         "{completion:?}"
@@ -741,16 +726,9 @@ async fn a_keyed_completion_with_a_lease_lost_changes_nothing() {
         .iter()
         .find(|event| event.ordering_key.as_deref() == Some(kept.as_str()))
         .unwrap();
-    let handed = inbox::complete_all_keyed(
-        &mut conn,
-        &[kept_head.id],
-        claim.lease_token,
-        "w1",
-        LEASE,
-        KeyLocks::Take,
-    )
-    .await
-    .unwrap();
+    let handed = complete_keyed(&mut conn, &[kept_head.id], claim.lease_token)
+        .await
+        .unwrap();
     assert_eq!(handed.len(), 1, "the kept key's next event is handed on");
 }
 
@@ -770,7 +748,7 @@ async fn a_keyed_completion_hands_no_event_of_a_paused_route_on() {
         panic!("one event of the key is claimed: {:?}", claim.events);
     };
     let complete = async |conn: &mut diesel_async::AsyncPgConnection, id: i64| {
-        inbox::complete_all_keyed(conn, &[id], claim.lease_token, "w1", LEASE, KeyLocks::Take)
+        complete_keyed(conn, &[id], claim.lease_token)
             .await
             .unwrap()
     };
@@ -919,16 +897,9 @@ async fn a_lower_arrival_takes_the_place_of_a_ready_head_but_not_of_one_in_proce
     diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "BEGIN")
         .await
         .unwrap();
-    let handed = inbox::complete_all_keyed(
-        &mut conn,
-        &[taken.id],
-        claim.lease_token,
-        "w1",
-        LEASE,
-        KeyLocks::Take,
-    )
-    .await
-    .unwrap();
+    let handed = complete_keyed(&mut conn, &[taken.id], claim.lease_token)
+        .await
+        .unwrap();
     diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "COMMIT")
         .await
         .unwrap();
