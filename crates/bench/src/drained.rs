@@ -4,9 +4,13 @@
 //! dead rows. A poll that scanned for any live row (`SELECT 1 FROM inbox_queue LIMIT 1`) would
 //! walk over all of them every time: its cost grows with the rows already done, and a slower
 //! drain pays more polls of it. This watch looks the queue up by primary key instead, from the
-//! lowest id it found live the time before: rows leave the queue, and rows that arrive meanwhile
-//! get higher ids, so no row below that id can be live again, and each poll starts where the
-//! last one stopped.
+//! lowest id it found live the time before, so each poll starts where the last one stopped.
+//!
+//! That holds for what the bench waits on: a backlog committed before the watch starts (a
+//! prefill, or the soak's load once every request was answered), drained with no replay.
+//! Its rows then only leave the queue, and none below the lowest id seen can be live again; a
+//! replay (which returns a finished event to the queue under its old id) or an insert still
+//! uncommitted when the watch passed its id would be missed.
 
 use diesel::sql_types::{BigInt, Nullable};
 use diesel::QueryableByName;
