@@ -372,6 +372,67 @@ async fn a_keyed_completion_reads_the_journal_by_key_under_a_plan_made_while_it_
     );
 }
 
+/// A key left without events keeps its processed sequence in its `inbox_keys` row, written by
+/// the completion. `ANALYZE` run while another transaction was adding every key sees none of
+/// them, and records the table as holding no rows; a completion planned then, generically and
+/// for the session's life, must still write only its own keys. Written through a join, it read
+/// every key for each call and compared each with every completed event: a drain of 200,000
+/// events over 10,000 keys fell from about 40,000/s to 2,000/s (`bench/history.md`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_completion_writes_its_idle_keys_by_key_under_a_plan_made_while_they_looked_empty()
+{
+    const KEYS: usize = 2_000;
+    const COMPLETED: i64 = 100;
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let mut adding = db.connect().await;
+    adding.batch_execute("BEGIN").await.unwrap();
+    let events: Vec<NewEvent> = (0..KEYS).map(|n| ordered_among("key", KEYS, n)).collect();
+    for chunk in events.chunks(500) {
+        insert_events(&mut adding, chunk).await.unwrap();
+    }
+    conn.batch_execute("ANALYZE inbox_keys").await.unwrap();
+    adding.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT reltuples::bigint AS n FROM pg_class WHERE relname = 'inbox_keys'"
+        )
+        .await,
+        0,
+        "the keys' table was analyzed as empty"
+    );
+
+    let claim = claim_due(&mut conn, "w1", Duration::from_secs(30), COMPLETED)
+        .await
+        .unwrap();
+    assert_eq!(claim.events.len(), 100, "a hundred keys' heads are due");
+    let ids: Vec<i64> = claim.events.iter().map(|event| event.id).collect();
+    conn.batch_execute("BEGIN").await.unwrap();
+    let counter = "idx_tup_fetch + seq_tup_read";
+    let before = rows_read(&mut conn, counter, "inbox_keys").await;
+    let handed = complete_keyed(&mut conn, &ids, claim.lease_token)
+        .await
+        .unwrap();
+    let read = rows_read(&mut conn, counter, "inbox_keys").await - before;
+    conn.batch_execute("COMMIT").await.unwrap();
+    assert!(handed.is_empty(), "each key had one event: {handed:?}");
+    // Each key read once to be locked and once to be written.
+    assert!(
+        read <= 2 * COMPLETED,
+        "a completion of {COMPLETED} events read {read} of the {KEYS} keys"
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM inbox_keys WHERE processed_sequence = 1"
+        )
+        .await,
+        COMPLETED,
+        "each completed key keeps the sequence it processed"
+    );
+}
+
 /// A key's row stays once its events are done (its `processed_sequence` recognises late
 /// arrivals), so `inbox_keys` holds every key ever seen; and a busy key may have thousands of
 /// events waiting. A claim reads neither: it takes heads from the index of claimable rows, each
