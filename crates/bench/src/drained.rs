@@ -12,6 +12,8 @@
 //! replay (which returns a finished event to the queue under its old id) or an insert still
 //! uncommitted when the watch passed its id would be missed.
 
+use std::time::{Duration, Instant};
+
 use diesel::sql_types::{BigInt, Nullable};
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
@@ -45,4 +47,22 @@ impl QueueWatch {
             None => Ok(true),
         }
     }
+}
+
+/// Polls the queue every `poll` until it is empty: how long that took, or `None` when `timeout`
+/// passed first.
+pub async fn wait_empty(
+    conn: &mut AsyncPgConnection,
+    poll: Duration,
+    timeout: Duration,
+) -> diesel::QueryResult<Option<Duration>> {
+    let started = Instant::now();
+    let mut queue = QueueWatch::default();
+    while !queue.is_empty(conn).await? {
+        if started.elapsed() >= timeout {
+            return Ok(None);
+        }
+        tokio::time::sleep(poll).await;
+    }
+    Ok(Some(started.elapsed()))
 }

@@ -31,8 +31,6 @@ use inbox_signature::{Algorithm, DigestEncoding, Outgoing, Scheme, SigningKey, T
 mod drained;
 mod soak;
 
-use drained::QueueWatch;
-
 /// Load generator and measurements for webhook-inbox benchmarks.
 #[derive(Debug, Parser)]
 struct Cli {
@@ -607,16 +605,10 @@ async fn prefill(database_url: &str, events: i64, event_type: &str) -> anyhow::R
 
 async fn wait_drained(database_url: &str, events: i64, timeout: Duration) -> anyhow::Result<()> {
     let mut conn = AsyncPgConnection::establish(database_url).await?;
-    let started = Instant::now();
-    let mut queue = QueueWatch::default();
-    while !queue.is_empty(&mut conn).await? {
-        anyhow::ensure!(
-            started.elapsed() < timeout,
-            "backlog not drained within {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let seconds = started.elapsed().as_secs_f64();
+    let seconds = drained::wait_empty(&mut conn, Duration::from_millis(20), timeout)
+        .await?
+        .with_context(|| format!("backlog not drained within {timeout:?}"))?
+        .as_secs_f64();
     println!(
         "{}",
         serde_json::json!({"events": events, "seconds": seconds, "per_second": events as f64 / seconds})

@@ -19,7 +19,7 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
-use crate::drained::QueueWatch;
+use crate::drained::wait_empty;
 use crate::{connect, send, unix_seconds, Signer, Target};
 
 /// What `soak` is told.
@@ -380,16 +380,10 @@ fn progress_line(
 
 /// Waits until no event is ready or processing; how long that took after the last send.
 async fn wait_drained(conn: &mut AsyncPgConnection, timeout: Duration) -> anyhow::Result<f64> {
-    let started = Instant::now();
-    let mut queue = QueueWatch::default();
-    while !queue.is_empty(conn).await? {
-        anyhow::ensure!(
-            started.elapsed() < timeout,
-            "backlog not drained {timeout:?} after the last send"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(started.elapsed().as_secs_f64())
+    let drained_in = wait_empty(conn, Duration::from_millis(100), timeout)
+        .await?
+        .with_context(|| format!("backlog not drained {timeout:?} after the last send"))?;
+    Ok(drained_in.as_secs_f64())
 }
 
 #[derive(QueryableByName)]
