@@ -433,6 +433,122 @@ async fn a_keyed_completion_writes_its_idle_keys_by_key_under_a_plan_made_while_
     );
 }
 
+/// Fills the queue with `events` unordered events added by another session in one transaction,
+/// and analyzes the queue before it commits (as an autoanalyze during a long import or replay
+/// may): the statistics then say the queue is empty, whatever it holds.
+async fn backlog_analyzed_while_invisible(db: &TestDatabase, events: usize) {
+    let mut adding = db.connect().await;
+    let mut analyzing = db.connect().await;
+    adding.batch_execute("BEGIN").await.unwrap();
+    let backlog: Vec<NewEvent> = (0..events).map(event).collect();
+    for chunk in backlog.chunks(500) {
+        insert_events(&mut adding, chunk).await.unwrap();
+    }
+    analyzing
+        .batch_execute("ANALYZE inbox_queue")
+        .await
+        .unwrap();
+    adding.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        count(
+            &mut analyzing,
+            "SELECT reltuples::bigint AS n FROM pg_class WHERE relname = 'inbox_queue'"
+        )
+        .await,
+        0,
+        "the queue was analyzed as empty"
+    );
+}
+
+/// An arrival that starts a key (or precedes its ready head) settles the key in the statement
+/// that inserted it: it looks for a ready head to step back, then makes the key's lowest event
+/// its head. A receiver's session plans that once and keeps the plan. Made while the queue
+/// looked empty, the plan read every claimable event to find a key's ready head, and every
+/// queued event to update the new head: each key an ingest started read the whole backlog
+/// twice, and an ingest of 10,000 keys' events ran at about 13,500/s instead of 18,000/s
+/// (`bench/history.md`, migration 24). It must read each key's rows by key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arrival_settles_its_keys_by_key_under_a_plan_made_while_the_queue_looked_empty() {
+    const BACKLOG: usize = 5_000;
+    const NEW_KEYS: usize = 100;
+    let db = TestDatabase::new().await;
+    backlog_analyzed_while_invisible(&db, BACKLOG).await;
+    let mut conn = db.connect().await;
+    conn.batch_execute("SET plan_cache_mode = force_generic_plan")
+        .await
+        .unwrap();
+    let arrivals: Vec<NewEvent> = (0..NEW_KEYS)
+        .map(|n| ordered_among("key", NEW_KEYS, BACKLOG + n))
+        .collect();
+    conn.batch_execute("BEGIN").await.unwrap();
+    let counter = "idx_tup_fetch + seq_tup_read";
+    let before = rows_read(&mut conn, counter, "inbox_queue").await;
+    insert_events(&mut conn, &arrivals).await.unwrap();
+    let read = rows_read(&mut conn, counter, "inbox_queue").await - before;
+    conn.batch_execute("COMMIT").await.unwrap();
+    // Per key: its lowest waiting event, looked up to step a head back and to promote it, the
+    // key's head looked up by the arrival and by the promotion, and the promoted row updated.
+    assert!(
+        read <= 5 * NEW_KEYS as i64,
+        "settling {NEW_KEYS} new keys read {read} queue rows beside a backlog of {BACKLOG}"
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM inbox_queue WHERE head"
+        )
+        .await,
+        NEW_KEYS as i64,
+        "each key's first event is its head"
+    );
+}
+
+/// A keyed completion hands each key on to its next event by updating that event. Its plan is
+/// made once per worker session, generically; made while the queue looked empty, it must still
+/// update the next events by key, not read the backlog for each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_completion_hands_on_by_key_under_a_plan_made_while_the_queue_looked_empty() {
+    const BACKLOG: usize = 5_000;
+    const KEYS: usize = 50;
+    let db = TestDatabase::new().await;
+    backlog_analyzed_while_invisible(&db, BACKLOG).await;
+    let mut conn = db.connect().await;
+    let events: Vec<NewEvent> = (0..KEYS * 2)
+        .map(|n| ordered_among("key", KEYS, BACKLOG + n))
+        .collect();
+    insert_events(&mut conn, &events).await.unwrap();
+    // The backlog is older: claim it out of the way, then the keys' heads.
+    let mut heads = Vec::new();
+    let mut token = None;
+    while heads.len() < KEYS {
+        let claim = claim_due(&mut conn, "w1", Duration::from_secs(30), 1_000)
+            .await
+            .unwrap();
+        assert!(!claim.events.is_empty(), "every key's head is due");
+        heads.extend(
+            claim
+                .events
+                .iter()
+                .filter(|event| event.ordering_key.is_some())
+                .map(|event| event.id),
+        );
+        token = Some(claim.lease_token);
+    }
+    let token = token.unwrap();
+    conn.batch_execute("BEGIN").await.unwrap();
+    let counter = "idx_tup_fetch + seq_tup_read";
+    let before = rows_read(&mut conn, counter, "inbox_queue").await;
+    let handed = complete_keyed(&mut conn, &heads, token).await.unwrap();
+    let read = rows_read(&mut conn, counter, "inbox_queue").await - before;
+    conn.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(handed.len(), KEYS, "each key handed on to its second event");
+    // Per key: its head locked and deleted, its next event looked up and updated.
+    assert!(
+        read <= 5 * KEYS as i64,
+        "a completion of {KEYS} heads read {read} queue rows beside a backlog of {BACKLOG}"
+    );
+}
+
 /// A key's row stays once its events are done (its `processed_sequence` recognises late
 /// arrivals), so `inbox_keys` holds every key ever seen; and a busy key may have thousands of
 /// events waiting. A claim reads neither: it takes heads from the index of claimable rows, each
