@@ -314,6 +314,29 @@ async fn sigterm_lets_the_request_in_flight_finish_then_the_process_exits_cleanl
     );
     stream.write_all(head.as_bytes()).await.unwrap();
     stream.write_all(&body[..10]).await.unwrap();
+    // The signal must find the request begun (its body's bytes reserved), not its head still
+    // unread in the socket: a connection without a request in progress is closed at shutdown.
+    let metrics = format!(
+        "http://{}/metrics",
+        served.log_field("receiver ready", "metrics").unwrap()
+    );
+    let reserved = format!("inbox_receiver_body_bytes_in_flight {}", body.len());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !reqwest::get(&metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+        .lines()
+        .any(|line| line == reserved)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the request's body was never reserved"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     served.terminate();
     wait_until("the shutdown has begun", Duration::from_secs(10), || {
