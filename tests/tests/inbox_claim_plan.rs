@@ -517,24 +517,23 @@ async fn a_keyed_completion_hands_on_by_key_under_a_plan_made_while_the_queue_lo
         .map(|n| ordered_among("key", KEYS, BACKLOG + n))
         .collect();
     insert_events(&mut conn, &events).await.unwrap();
-    // The backlog is older: claim it out of the way, then the keys' heads.
-    let mut heads = Vec::new();
-    let mut token = None;
-    while heads.len() < KEYS {
+    // The backlog is older: claimed out of the way, then the keys' heads, in one claim.
+    let (heads, token) = loop {
         let claim = claim_due(&mut conn, "w1", Duration::from_secs(30), 1_000)
             .await
             .unwrap();
         assert!(!claim.events.is_empty(), "every key's head is due");
-        heads.extend(
-            claim
-                .events
-                .iter()
-                .filter(|event| event.ordering_key.is_some())
-                .map(|event| event.id),
-        );
-        token = Some(claim.lease_token);
-    }
-    let token = token.unwrap();
+        let heads: Vec<i64> = claim
+            .events
+            .iter()
+            .filter(|event| event.ordering_key.is_some())
+            .map(|event| event.id)
+            .collect();
+        if !heads.is_empty() {
+            break (heads, claim.lease_token);
+        }
+    };
+    assert_eq!(heads.len(), KEYS, "every key's head in one claim");
     conn.batch_execute("BEGIN").await.unwrap();
     let counter = "idx_tup_fetch + seq_tup_read";
     let before = rows_read(&mut conn, counter, "inbox_queue").await;
