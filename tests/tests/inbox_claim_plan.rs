@@ -82,22 +82,41 @@ async fn journal_scanned(conn: &mut AsyncPgConnection) -> i64 {
     rows_read(conn, "seq_tup_read", "inbox\\_events%").await
 }
 
-/// A claim of up to `limit` events in a transaction of its own, on a session set up as the
-/// caller chose: how many it claimed, and how many rows of `table` it read by `counter` (see
-/// [`rows_read`]).
+/// What `step` returns, run in a transaction of its own on a session set up as the caller
+/// chose, and how many rows of `table` it read by `counter` (see [`rows_read`]).
+async fn reading<T>(
+    conn: &mut AsyncPgConnection,
+    counter: &str,
+    table: &str,
+    step: impl AsyncFnOnce(&mut AsyncPgConnection) -> T,
+) -> (T, i64) {
+    conn.batch_execute("BEGIN").await.unwrap();
+    let before = rows_read(conn, counter, table).await;
+    let result = step(conn).await;
+    let read = rows_read(conn, counter, table).await - before;
+    conn.batch_execute("COMMIT").await.unwrap();
+    (result, read)
+}
+
+/// A claim of up to `limit` events in a transaction of its own: how many it claimed, and how
+/// many rows of `table` it read by `counter`.
 async fn claim_reading(
     conn: &mut AsyncPgConnection,
     limit: i64,
     counter: &str,
     table: &str,
 ) -> (usize, i64) {
-    conn.batch_execute("BEGIN").await.unwrap();
-    let before = rows_read(conn, counter, table).await;
-    let claim = claim_due(conn, "w1", Duration::from_secs(30), limit)
-        .await
-        .unwrap();
-    let read = rows_read(conn, counter, table).await - before;
-    conn.batch_execute("COMMIT").await.unwrap();
+    let (claim, read) = reading(
+        conn,
+        counter,
+        table,
+        async |conn: &mut AsyncPgConnection| {
+            claim_due(conn, "w1", Duration::from_secs(30), limit)
+                .await
+                .unwrap()
+        },
+    )
+    .await;
     (claim.events.len(), read)
 }
 
@@ -408,14 +427,16 @@ async fn a_keyed_completion_writes_its_idle_keys_by_key_under_a_plan_made_while_
         .unwrap();
     assert_eq!(claim.events.len(), 100, "a hundred keys' heads are due");
     let ids: Vec<i64> = claim.events.iter().map(|event| event.id).collect();
-    conn.batch_execute("BEGIN").await.unwrap();
     let counter = "idx_tup_fetch + seq_tup_read";
-    let before = rows_read(&mut conn, counter, "inbox_keys").await;
-    let handed = complete_keyed(&mut conn, &ids, claim.lease_token)
-        .await
-        .unwrap();
-    let read = rows_read(&mut conn, counter, "inbox_keys").await - before;
-    conn.batch_execute("COMMIT").await.unwrap();
+    let (handed, read) = reading(
+        &mut conn,
+        counter,
+        "inbox_keys",
+        async |conn: &mut AsyncPgConnection| {
+            complete_keyed(conn, &ids, claim.lease_token).await.unwrap()
+        },
+    )
+    .await;
     assert!(handed.is_empty(), "each key had one event: {handed:?}");
     // Each key read once to be locked and once to be written.
     assert!(
@@ -480,12 +501,16 @@ async fn an_arrival_settles_its_keys_by_key_under_a_plan_made_while_the_queue_lo
     let arrivals: Vec<NewEvent> = (0..NEW_KEYS)
         .map(|n| ordered_among("key", NEW_KEYS, BACKLOG + n))
         .collect();
-    conn.batch_execute("BEGIN").await.unwrap();
     let counter = "idx_tup_fetch + seq_tup_read";
-    let before = rows_read(&mut conn, counter, "inbox_queue").await;
-    insert_events(&mut conn, &arrivals).await.unwrap();
-    let read = rows_read(&mut conn, counter, "inbox_queue").await - before;
-    conn.batch_execute("COMMIT").await.unwrap();
+    let ((), read) = reading(
+        &mut conn,
+        counter,
+        "inbox_queue",
+        async |conn: &mut AsyncPgConnection| {
+            insert_events(conn, &arrivals).await.unwrap();
+        },
+    )
+    .await;
     // Per key: its lowest waiting event, looked up to step a head back and to promote it, the
     // key's head looked up by the arrival and by the promotion, and the promoted row updated.
     assert!(
@@ -534,12 +559,14 @@ async fn a_keyed_completion_hands_on_by_key_under_a_plan_made_while_the_queue_lo
         }
     };
     assert_eq!(heads.len(), KEYS, "every key's head in one claim");
-    conn.batch_execute("BEGIN").await.unwrap();
     let counter = "idx_tup_fetch + seq_tup_read";
-    let before = rows_read(&mut conn, counter, "inbox_queue").await;
-    let handed = complete_keyed(&mut conn, &heads, token).await.unwrap();
-    let read = rows_read(&mut conn, counter, "inbox_queue").await - before;
-    conn.batch_execute("COMMIT").await.unwrap();
+    let (handed, read) = reading(
+        &mut conn,
+        counter,
+        "inbox_queue",
+        async |conn: &mut AsyncPgConnection| complete_keyed(conn, &heads, token).await.unwrap(),
+    )
+    .await;
     assert_eq!(handed.len(), KEYS, "each key handed on to its second event");
     // Per key: its head locked and deleted, its next event looked up and updated.
     assert!(

@@ -43,9 +43,9 @@ fn signature(body: &[u8]) -> String {
 }
 
 /// Polls `condition` every 20 ms until it holds; panics with `what` after `timeout`.
-async fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+async fn wait_until(what: &str, timeout: Duration, mut condition: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + timeout;
-    while !condition() {
+    while !condition().await {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -99,9 +99,11 @@ impl Served {
             addr: "127.0.0.1:0".parse().unwrap(),
             folder,
         };
-        wait_until("the receiver is ready", Duration::from_secs(20), || {
-            served.log_field("receiver ready", "listen").is_some()
-        })
+        wait_until(
+            "the receiver is ready",
+            Duration::from_secs(20),
+            async || served.log_field("receiver ready", "listen").is_some(),
+        )
         .await;
         served.addr = served
             .log_field("receiver ready", "listen")
@@ -262,17 +264,21 @@ async fn request_ids_are_in_the_answers_and_the_logs_and_secrets_are_not() {
         .to_owned();
     assert_eq!(changed.text().await.unwrap(), r#"{"status":"duplicate"}"#);
 
-    wait_until("the rejection is logged", Duration::from_secs(10), || {
-        served
-            .logs_containing(&forged_id)
-            .iter()
-            .any(|line| line.contains("webhook rejected"))
-    })
+    wait_until(
+        "the rejection is logged",
+        Duration::from_secs(10),
+        async || {
+            served
+                .logs_containing(&forged_id)
+                .iter()
+                .any(|line| line.contains("webhook rejected"))
+        },
+    )
     .await;
     wait_until(
         "the body mismatch is logged",
         Duration::from_secs(10),
-        || {
+        async || {
             served.logs_containing(&changed_id).iter().any(|line| {
                 line.contains("\"WARN\"")
                     && line.contains("different body")
@@ -321,29 +327,26 @@ async fn sigterm_lets_the_request_in_flight_finish_then_the_process_exits_cleanl
         served.log_field("receiver ready", "metrics").unwrap()
     );
     let reserved = format!("inbox_receiver_body_bytes_in_flight {}", body.len());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !reqwest::get(&metrics)
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-        .lines()
-        .any(|line| line == reserved)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the request's body was never reserved"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until(
+        "the request's body is reserved",
+        Duration::from_secs(10),
+        async || {
+            let page = reqwest::get(&metrics).await.unwrap().text().await.unwrap();
+            page.lines().any(|line| line == reserved)
+        },
+    )
+    .await;
 
     served.terminate();
-    wait_until("the shutdown has begun", Duration::from_secs(10), || {
-        !served
-            .logs_containing("starting graceful shutdown")
-            .is_empty()
-    })
+    wait_until(
+        "the shutdown has begun",
+        Duration::from_secs(10),
+        async || {
+            !served
+                .logs_containing("starting graceful shutdown")
+                .is_empty()
+        },
+    )
     .await;
     // New connections are soon refused, while the old one is still served.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -374,7 +377,7 @@ async fn sigterm_lets_the_request_in_flight_finish_then_the_process_exits_cleanl
     wait_until(
         "the receiver logs that it stopped",
         Duration::from_secs(10),
-        || !served.logs_containing("receiver stopped").is_empty(),
+        async || !served.logs_containing("receiver stopped").is_empty(),
     )
     .await;
 
