@@ -13,8 +13,8 @@ use diesel::sql_types::BigInt;
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use inbox_core::inbox::{
-    claim_due, complete_all, dead_letter, insert_events, ordering_key, prepare_claim_session,
-    EventOrdering, NewEvent,
+    claim_due, complete_all, dead_letter, extend_leases, insert_events, ordering_key,
+    prepare_claim_session, schedule_retry, Claim, EventOrdering, NewEvent,
 };
 use inbox_tests::{complete_keyed, count};
 use test_db::TestDatabase;
@@ -216,50 +216,133 @@ async fn a_key_release_reads_the_finished_row_by_key_under_a_plan_made_on_an_emp
     }
 }
 
-/// A batch's completion reads its own rows by primary key even when the queue was analyzed
-/// with nothing in processing (a backlog waiting for its workers), while other claims hold
-/// many rows: read through the partial index of processing rows, it would visit them all.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_completion_reads_only_its_rows_whatever_else_is_in_processing() {
+/// Claims of `HELD` events in all, while the queue's statistics, taken before the workers
+/// started on its backlog, show nothing in processing.
+async fn claims_beside_others_in_processing(conn: &mut AsyncPgConnection) -> Vec<Claim> {
     const HELD: usize = 1_300;
-    let db = TestDatabase::new().await;
-    let mut conn = db.connect().await;
     let events: Vec<NewEvent> = (0..2_000).map(event).collect();
     for chunk in events.chunks(500) {
-        insert_events(&mut conn, chunk).await.unwrap();
+        insert_events(conn, chunk).await.unwrap();
     }
     conn.batch_execute("ANALYZE inbox_queue").await.unwrap();
     let mut claims = Vec::new();
     for _ in 0..HELD / 100 {
-        let claim = claim_due(&mut conn, "w1", Duration::from_secs(30), 100)
+        let claim = claim_due(conn, "w1", Duration::from_secs(30), 100)
             .await
             .unwrap();
         assert_eq!(claim.events.len(), 100);
         claims.push(claim);
     }
-    // Queue rows this session fetched through an index (counted before they reach the
-    // statistics, earlier transactions' too: hence the difference).
-    let fetched = async |conn: &mut diesel_async::AsyncPgConnection| {
-        count(
-            conn,
-            "SELECT coalesce(sum(idx_tup_fetch), 0)::bigint AS n FROM pg_stat_xact_user_tables \
-             WHERE relname = 'inbox_queue'",
-        )
-        .await
-    };
+    claims
+}
+
+fn ids(claim: &Claim) -> Vec<i64> {
+    claim.events.iter().map(|event| event.id).collect()
+}
+
+/// A batch's completion reads its own rows by primary key even when the queue was analyzed
+/// with nothing in processing (a backlog waiting for its workers), while other claims hold
+/// many rows: read through the partial index of processing rows, it would visit them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_completion_reads_only_its_rows_whatever_else_is_in_processing() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let claims = claims_beside_others_in_processing(&mut conn).await;
     for claim in &claims[..3] {
-        let ids: Vec<i64> = claim.events.iter().map(|event| event.id).collect();
-        conn.batch_execute("BEGIN").await.unwrap();
-        let before = fetched(&mut conn).await;
-        complete_all(&mut conn, &ids, claim.lease_token)
-            .await
-            .unwrap();
-        let read = fetched(&mut conn).await - before;
-        conn.batch_execute("COMMIT").await.unwrap();
+        let ids = ids(claim);
+        let ((), read) = reading(
+            &mut conn,
+            "idx_tup_fetch",
+            "inbox_queue",
+            async |conn: &mut AsyncPgConnection| {
+                complete_all(conn, &ids, claim.lease_token).await.unwrap();
+            },
+        )
+        .await;
         assert_eq!(
             read,
             ids.len() as i64,
             "completing {} rows read {read} queue rows",
+            ids.len()
+        );
+    }
+}
+
+/// A retry and a dead letter name one row, and read that one alone under the same statistics:
+/// written as `status = processing`, they read every row in processing through its partial
+/// index, each failure as costly as the work in flight (a partner's outage fails every event).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_and_a_dead_letter_read_only_their_row_whatever_else_is_in_processing() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let claims = claims_beside_others_in_processing(&mut conn).await;
+    let claim = &claims[0];
+    for event in &claim.events[..3] {
+        let ((), read) = reading(
+            &mut conn,
+            "idx_tup_fetch + seq_tup_read",
+            "inbox_queue",
+            async |conn: &mut AsyncPgConnection| {
+                schedule_retry(
+                    conn,
+                    event.id,
+                    claim.lease_token,
+                    Duration::from_secs(1),
+                    "503",
+                )
+                .await
+                .unwrap();
+            },
+        )
+        .await;
+        assert_eq!(read, 1, "a retry read {read} queue rows");
+    }
+    for event in &claim.events[3..6] {
+        let ((), read) = reading(
+            &mut conn,
+            "idx_tup_fetch + seq_tup_read",
+            "inbox_queue",
+            async |conn: &mut AsyncPgConnection| {
+                dead_letter(conn, event.id, claim.lease_token, "gave up")
+                    .await
+                    .unwrap();
+            },
+        )
+        .await;
+        assert_eq!(read, 1, "a dead letter read {read} queue rows");
+    }
+}
+
+/// The lease keeper extends every lease its worker holds in one statement, every third of a
+/// lease. Under the same statistics it must read the rows it names, not every row in
+/// processing (every worker's) for each heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_reads_only_its_rows_whatever_else_is_in_processing() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let claims = claims_beside_others_in_processing(&mut conn).await;
+    for claim in &claims[..3] {
+        let ids = ids(claim);
+        let tokens = vec![claim.lease_token; ids.len()];
+        let (not_held, read) = reading(
+            &mut conn,
+            "idx_tup_fetch + seq_tup_read",
+            "inbox_queue",
+            async |conn: &mut AsyncPgConnection| {
+                extend_leases(conn, &ids, &tokens, Duration::from_secs(30))
+                    .await
+                    .unwrap()
+            },
+        )
+        .await;
+        assert!(
+            not_held.lost.is_empty() && not_held.finished.is_empty(),
+            "every lease is held"
+        );
+        // Each row looked up to be locked, then updated, then checked as still held.
+        assert!(
+            read <= 3 * ids.len() as i64,
+            "extending {} leases read {read} queue rows",
             ids.len()
         );
     }

@@ -14,13 +14,15 @@
 //! written from [`crate::InboxStatus`] ([`crate::statuses_sql!`]); the keyed completion calls a
 //! function of the schema (migration 22), whose SQL writes them as numbers, as migrations do.
 //!
-//! The transitions of a batch (`id = ANY($1) AND lease_token = $2`) test the state as
-//! `status + 0 = processing`: written plainly, the condition lets the planner read the batch
-//! through a partial index of processing rows (`inbox_queue_leases`) instead of by primary key,
-//! which it does whenever the table's statistics were taken with few rows in processing (a
-//! backlog analyzed before the workers started, say). That plan reads every row in processing,
-//! of every worker, to complete one batch: 1,300 rows for 100 in a 10,000-key drain. The
-//! expression matches the same rows and keeps the partial indexes out of reach.
+//! Every transition out of `processing` (`id = $1` or `id = ANY($1)`, with its lease token)
+//! tests the state as `status + 0 = processing`: written plainly, the condition lets the
+//! planner read the rows through a partial index of processing rows (`inbox_queue_leases`)
+//! instead of by primary key, which it does whenever the table's statistics were taken with
+//! few rows in processing (a backlog analyzed before the workers started, say). That plan reads
+//! every row in processing, of every worker, for each transition: 1,300 rows to complete a
+//! batch of 100 in a 10,000-key drain, 1,300 for one retry beside 13 claims of 100. The
+//! expression matches the same rows and keeps the partial indexes out of reach; the heartbeat
+//! names its rows by `id = ANY($1)` too, so that no plan walks the queue to join them.
 
 use std::time::Duration;
 
@@ -385,7 +387,7 @@ pub async fn schedule_retry(
             "UPDATE inbox_queue \
              SET status = {ready}, next_attempt_at = now() + $3 * interval '1 millisecond', \
                  lease_token = NULL, locked_until = NULL, last_error = $4 \
-             WHERE id = $1 AND lease_token = $2 AND status = {processing}"
+             WHERE id = $1 AND lease_token = $2 AND status + 0 = {processing}"
         ),
         (
             bind::<BigInt, _>(id),
@@ -411,7 +413,7 @@ pub async fn dead_letter(
         statuses_sql!(
             "WITH dead AS ( \
                  DELETE FROM inbox_queue \
-                 WHERE id = $1 AND lease_token = $2 AND status = {processing} \
+                 WHERE id = $1 AND lease_token = $2 AND status + 0 = {processing} \
                  RETURNING id, attempt, locked_by \
              ) \
              INSERT INTO inbox_finished (id, status, attempt, locked_by, last_error, processed_at) \
@@ -527,7 +529,7 @@ pub async fn extend_leases(
                  WHERE queue.id = ANY(ARRAY( \
                      SELECT row.id FROM inbox_queue AS row \
                      JOIN held ON row.id = held.id AND row.lease_token = held.token \
-                     WHERE row.status = {processing} \
+                     WHERE row.id = ANY($1::bigint[]) AND row.status + 0 = {processing} \
                      FOR UPDATE OF row SKIP LOCKED \
                  )) \
                  RETURNING queue.id \
@@ -538,7 +540,7 @@ pub async fn extend_leases(
              WHERE NOT EXISTS ( \
                  SELECT 1 FROM inbox_queue AS row \
                  WHERE row.id = held.id AND row.lease_token = held.token \
-                   AND row.status = {processing} \
+                   AND row.id = ANY($1::bigint[]) AND row.status + 0 = {processing} \
              )"
         ),
         (
