@@ -1,3 +1,8 @@
+//! The plans of the statements on the hot paths (the claim, the transitions of a lease, the
+//! ordered arrivals and completions, the receiver's duplicate lookup), made under statistics
+//! that misstate the tables as PostgreSQL may keep them for a session's life: each must read
+//! the rows it names by key, however many others the tables hold.
+//!
 //! The claim is a prepared statement: after a few executions PostgreSQL may keep one generic
 //! plan for the connection's life, chosen with the statistics of that moment. A day's journal
 //! partition starts with none (it is analyzed a minute or more into the day), and without
@@ -14,7 +19,7 @@ use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use inbox_core::inbox::{
     claim_due, complete_all, dead_letter, extend_leases, insert_events, ordering_key,
-    prepare_claim_session, schedule_retry, Claim, EventOrdering, NewEvent,
+    prepare_claim_session, schedule_retry, Claim, EventOrdering, InsertOutcome, NewEvent,
 };
 use inbox_tests::{complete_keyed, count};
 use test_db::TestDatabase;
@@ -783,4 +788,57 @@ async fn a_claim_session_plans_the_claim_once_and_never_compiles_it() {
         "the one generic plan, used by every claim"
     );
     assert_eq!(plans.jit, "off");
+}
+
+/// A delivery of an event already stored looks its key up to tell the sender whether the body
+/// was the same. The receiver's sessions keep that lookup's plan; made while `inbox_dedup`
+/// looked empty (analyzed while a migration or import was adding its keys in one transaction),
+/// a join read every stored key for each batch holding a duplicate, at the moment providers
+/// retry most. It must read each key by key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_reads_its_stored_key_by_key_under_statistics_taken_while_the_keys_were_invisible(
+) {
+    const STORED: usize = 5_000;
+    const DUPLICATES: usize = 10;
+    let db = TestDatabase::new().await;
+    let mut adding = db.connect().await;
+    let mut analyzing = db.connect().await;
+    adding.batch_execute("BEGIN").await.unwrap();
+    let stored: Vec<NewEvent> = (0..STORED).map(event).collect();
+    for chunk in stored.chunks(500) {
+        insert_events(&mut adding, chunk).await.unwrap();
+    }
+    analyzing
+        .batch_execute("ANALYZE inbox_dedup")
+        .await
+        .unwrap();
+    adding.batch_execute("COMMIT").await.unwrap();
+    let mut conn = db.connect().await;
+    conn.batch_execute("SET plan_cache_mode = force_generic_plan")
+        .await
+        .unwrap();
+    for round in 0..3 {
+        let again: Vec<NewEvent> = (round * DUPLICATES..(round + 1) * DUPLICATES)
+            .map(event)
+            .collect();
+        let (outcomes, read) = reading(
+            &mut conn,
+            "idx_tup_fetch + seq_tup_read",
+            "inbox\\_dedup",
+            async |conn: &mut AsyncPgConnection| insert_events(conn, &again).await.unwrap(),
+        )
+        .await;
+        assert!(
+            outcomes.iter().all(|outcome| *outcome
+                == InsertOutcome::Duplicate {
+                    same_body: Some(true)
+                }),
+            "every delivery a duplicate of the same body: {outcomes:?}"
+        );
+        // Each key read by the insert's conflict check, then by the lookup.
+        assert!(
+            read <= 2 * DUPLICATES as i64,
+            "{DUPLICATES} duplicates read {read} of {STORED} stored keys"
+        );
+    }
 }

@@ -215,10 +215,18 @@ async fn insert_pass<'e>(
         Vec::new()
     } else {
         let (providers, event_ids) = key_columns(events, &not_inserted);
+        // Each key read through the primary key, in a `LATERAL` subquery with a `LIMIT` the
+        // planner cannot turn into a join: joined plainly, a plan made while `inbox_dedup`
+        // looked empty read every stored key for each batch holding a duplicate.
         cached_sql(
-            "SELECT stored.provider, stored.event_id, stored.body_sha256 \
+            "SELECT input.provider, input.event_id, stored.body_sha256 \
              FROM unnest($1::text[], $2::text[]) AS input(provider, event_id) \
-             JOIN inbox_dedup AS stored USING (provider, event_id)",
+             CROSS JOIN LATERAL ( \
+                 SELECT body_sha256 FROM inbox_dedup \
+                 WHERE inbox_dedup.provider = input.provider \
+                   AND inbox_dedup.event_id = input.event_id \
+                 LIMIT 1 \
+             ) AS stored",
             (
                 bind::<Array<Text>, _>(&providers),
                 bind::<Array<Text>, _>(&event_ids),
