@@ -242,10 +242,17 @@ pub async fn replay_candidates(
 ///
 /// A dead event of an ordered provider takes its ordering key and sequence back (kept in
 /// `inbox_dead_ordering`), and the key it blocked is unblocked in the same statement, so it
-/// runs as its key's head again.
+/// runs as its key's head again. The keys are locked first, in key order, as every writer of
+/// keys locks them (`inbox_lock_keys`, migration 21): unblocked in the order their rows were
+/// read, they deadlocked with an arrival holding one of them and wanting another.
 pub async fn replay(conn: &mut AsyncPgConnection, ids: &[i64]) -> QueryResult<usize> {
     diesel::sql_query(statuses_sql!(
-        "WITH replayed AS ( \
+        "WITH keys_locked AS MATERIALIZED ( \
+             SELECT inbox_lock_keys(ARRAY( \
+                 SELECT dead.ordering_key FROM inbox_dead_ordering AS dead \
+                 WHERE dead.id = ANY($1) \
+             )) \
+         ), replayed AS ( \
              DELETE FROM inbox_finished WHERE id = ANY($1) AND status = {dead} \
              RETURNING id, locked_by, last_error \
          ), ordering AS ( \
@@ -256,6 +263,7 @@ pub async fn replay(conn: &mut AsyncPgConnection, ids: &[i64]) -> QueryResult<us
              FROM ordering \
              WHERE inbox_keys.ordering_key = ordering.ordering_key \
                AND inbox_keys.blocked_by = ordering.id \
+               AND (SELECT count(*) FROM keys_locked) = 1 \
          ) \
          INSERT INTO inbox_queue (id, status, attempt, next_attempt_at, locked_by, last_error, \
                                   ordering_key, ordering_sequence) \

@@ -433,6 +433,12 @@ pub async fn dead_letter(
 /// `processing -> ready` without spending the attempt: a worker shutting down gives back
 /// rows it claimed but never started. Rows no longer held under the token are skipped;
 /// returns how many were released.
+///
+/// The keys of the heads it gives back are locked first, in key order (`inbox_lock_keys`,
+/// migration 21), as every writer of keys locks them: the trigger that settles a head's key
+/// when it returns to ready (migration 21) locks each key as it comes to its row, in the order
+/// of the rows, and an arrival holding one of those keys and waiting for another would
+/// deadlock with it.
 pub async fn release_unstarted(
     conn: &mut AsyncPgConnection,
     ids: &[i64],
@@ -440,10 +446,18 @@ pub async fn release_unstarted(
 ) -> QueryResult<usize> {
     cached_sql(
         statuses_sql!(
-            "UPDATE inbox_queue \
+            "WITH keys_locked AS MATERIALIZED ( \
+                 SELECT inbox_lock_keys(ARRAY( \
+                     SELECT held.ordering_key FROM inbox_queue AS held \
+                     WHERE held.id = ANY($1) AND held.lease_token = $2 \
+                       AND held.status + 0 = {processing} AND held.ordering_key IS NOT NULL \
+                 )) \
+             ) \
+             UPDATE inbox_queue \
              SET status = {ready}, attempt = greatest(attempt - 1, 0), lease_token = NULL, \
                  locked_until = NULL \
-             WHERE id = ANY($1) AND lease_token = $2 AND status + 0 = {processing}"
+             WHERE id = ANY($1) AND lease_token = $2 AND status + 0 = {processing} \
+               AND (SELECT count(*) FROM keys_locked) = 1"
         ),
         (
             bind::<Array<BigInt>, _>(ids),
@@ -590,7 +604,12 @@ pub const RESCUE_REASON: &str = "lease expired: the worker crashed or stalled";
 /// dead instead of looping forever.
 ///
 /// Locks at most `limit` expired queue rows, `SKIP LOCKED`, so a completion in flight is never
-/// waited on: its worker may still finish if it commits first. The expired ids are an array
+/// waited on: its worker may still finish if it commits first. The ordering keys of those rows
+/// are locked `SKIP LOCKED` too, before any row is written, and a row whose key someone else
+/// holds (an arrival, a completion) is left for the next pass: the trigger that settles a
+/// head's key when it returns to ready or leaves (migration 21) locks each key as it comes to
+/// its row, in the order of the rows, and while this statement held the expired rows an
+/// arrival holding one key and wanting another deadlocked with it. The ids are arrays
 /// evaluated once, as in [`claim_due`], so the prepared statement's generic plan reads them by
 /// primary key. Requeued rows stay in the queue; dead ones move to `inbox_finished`.
 pub async fn rescue_expired(
@@ -608,6 +627,23 @@ pub async fn rescue_expired(
                      LIMIT $1 \
                      FOR UPDATE SKIP LOCKED \
                  ) AS ids \
+             ), keys AS MATERIALIZED ( \
+                 SELECT ARRAY( \
+                     SELECT key.ordering_key FROM inbox_keys AS key \
+                     WHERE key.ordering_key = ANY(ARRAY( \
+                         SELECT queue.ordering_key FROM inbox_queue AS queue \
+                         WHERE queue.id = ANY((SELECT ids FROM expired)::bigint[]) \
+                           AND queue.ordering_key IS NOT NULL \
+                     )) \
+                     FOR NO KEY UPDATE OF key SKIP LOCKED \
+                 ) AS locked \
+             ), rescuable AS MATERIALIZED ( \
+                 SELECT ARRAY( \
+                     SELECT queue.id FROM inbox_queue AS queue \
+                     WHERE queue.id = ANY((SELECT ids FROM expired)::bigint[]) \
+                       AND (queue.ordering_key IS NULL \
+                            OR queue.ordering_key = ANY((SELECT locked FROM keys)::text[])) \
+                 ) AS ids \
              ), requeued AS ( \
                  UPDATE inbox_queue AS queue \
                  SET status = {ready}, attempt = greatest(queue.attempt - 1, 0), \
@@ -620,12 +656,12 @@ pub async fn rescue_expired(
                          WHEN queue.last_error IS NULL THEN $5 \
                          WHEN starts_with(queue.last_error, $5) THEN queue.last_error \
                          ELSE left($5 || ' (previous error: ' || queue.last_error || ')', $6) END \
-                 WHERE queue.id = ANY((SELECT ids FROM expired)::bigint[]) \
+                 WHERE queue.id = ANY((SELECT ids FROM rescuable)::bigint[]) \
                    AND queue.rescues + 1 < $2 \
                  RETURNING queue.id \
              ), dead AS ( \
                  DELETE FROM inbox_queue AS queue \
-                 WHERE queue.id = ANY((SELECT ids FROM expired)::bigint[]) \
+                 WHERE queue.id = ANY((SELECT ids FROM rescuable)::bigint[]) \
                    AND queue.rescues + 1 >= $2 \
                  RETURNING queue.id, queue.attempt, queue.locked_by, queue.last_error \
              ), finished AS ( \
