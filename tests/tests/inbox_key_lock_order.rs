@@ -133,6 +133,32 @@ async fn a_rescue_waits_for_no_key_an_arrival_holds_and_rescues_its_head_at_the_
     );
 }
 
+/// The rescue requeues only heads whose keys it could lock; a head whose key has no row (nothing
+/// deletes one, but nothing in the schema forbids it) has nothing to lock and must not stay
+/// expired for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescue_requeues_a_head_whose_key_has_no_row() {
+    let db = TestDatabase::new().await;
+    let (mut conn, _claim) = heads_of_two_keys(&db).await;
+    execute(
+        &mut conn,
+        "DELETE FROM inbox_keys WHERE ordering_key = 'demo:a'",
+    )
+    .await;
+    execute(
+        &mut conn,
+        "UPDATE inbox_queue SET locked_until = now() - interval '1 second' WHERE status = 1",
+    )
+    .await;
+    let rescued = inbox::rescue_expired(&mut conn, &POLICY, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        rescued.requeued, 2,
+        "both heads, the one without a key row too"
+    );
+}
+
 /// A worker shutting down gives back the heads it has not started, locking their keys in key
 /// order first: given back in the order of their ids, each row locked its key as it returned
 /// to ready.

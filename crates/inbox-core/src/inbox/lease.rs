@@ -606,7 +606,8 @@ pub const RESCUE_REASON: &str = "lease expired: the worker crashed or stalled";
 /// Locks at most `limit` expired queue rows, `SKIP LOCKED`, so a completion in flight is never
 /// waited on: its worker may still finish if it commits first. The ordering keys of those rows
 /// are locked `SKIP LOCKED` too, before any row is written, and a row whose key someone else
-/// holds (an arrival, a completion) is left for the next pass: the trigger that settles a
+/// holds (an arrival, a completion) is left for the next pass (a key without a row has nothing
+/// to lock): the trigger that settles a
 /// head's key when it returns to ready or leaves (migration 21) locks each key as it comes to
 /// its row, in the order of the rows, and while this statement held the expired rows an
 /// arrival holding one key and wanting another deadlocked with it. The ids are arrays
@@ -642,7 +643,9 @@ pub async fn rescue_expired(
                      SELECT queue.id FROM inbox_queue AS queue \
                      WHERE queue.id = ANY((SELECT ids FROM expired)::bigint[]) \
                        AND (queue.ordering_key IS NULL \
-                            OR queue.ordering_key = ANY((SELECT locked FROM keys)::text[])) \
+                            OR queue.ordering_key = ANY((SELECT locked FROM keys)::text[]) \
+                            OR NOT EXISTS (SELECT 1 FROM inbox_keys AS key \
+                                           WHERE key.ordering_key = queue.ordering_key)) \
                  ) AS ids \
              ), requeued AS ( \
                  UPDATE inbox_queue AS queue \
