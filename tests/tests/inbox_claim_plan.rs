@@ -542,10 +542,10 @@ async fn a_keyed_completion_writes_its_idle_keys_by_key_under_a_plan_made_while_
     );
 }
 
-/// Fills the queue with `events` unordered events added by another session in one transaction,
-/// and analyzes the queue before it commits (as an autoanalyze during a long import or replay
-/// may): the statistics then say the queue is empty, whatever it holds.
-async fn backlog_analyzed_while_invisible(db: &TestDatabase, events: usize) {
+/// Stores `events` unordered events, added by another session in one transaction, and analyzes
+/// `table` before it commits (as an autoanalyze during a long import or replay may): the
+/// statistics then say the table is empty, whatever it holds.
+async fn stored_while_analyzed_as_empty(db: &TestDatabase, events: usize, table: &str) {
     let mut adding = db.connect().await;
     let mut analyzing = db.connect().await;
     adding.batch_execute("BEGIN").await.unwrap();
@@ -554,18 +554,18 @@ async fn backlog_analyzed_while_invisible(db: &TestDatabase, events: usize) {
         insert_events(&mut adding, chunk).await.unwrap();
     }
     analyzing
-        .batch_execute("ANALYZE inbox_queue")
+        .batch_execute(&format!("ANALYZE {table}"))
         .await
         .unwrap();
     adding.batch_execute("COMMIT").await.unwrap();
     assert_eq!(
         count(
             &mut analyzing,
-            "SELECT reltuples::bigint AS n FROM pg_class WHERE relname = 'inbox_queue'"
+            &format!("SELECT reltuples::bigint AS n FROM pg_class WHERE relname = '{table}'")
         )
         .await,
         0,
-        "the queue was analyzed as empty"
+        "{table} was analyzed as empty"
     );
 }
 
@@ -581,7 +581,7 @@ async fn an_arrival_settles_its_keys_by_key_under_a_plan_made_while_the_queue_lo
     const BACKLOG: usize = 5_000;
     const NEW_KEYS: usize = 100;
     let db = TestDatabase::new().await;
-    backlog_analyzed_while_invisible(&db, BACKLOG).await;
+    stored_while_analyzed_as_empty(&db, BACKLOG, "inbox_queue").await;
     let mut conn = db.connect().await;
     conn.batch_execute("SET plan_cache_mode = force_generic_plan")
         .await
@@ -624,7 +624,7 @@ async fn a_keyed_completion_hands_on_by_key_under_a_plan_made_while_the_queue_lo
     const BACKLOG: usize = 5_000;
     const KEYS: usize = 50;
     let db = TestDatabase::new().await;
-    backlog_analyzed_while_invisible(&db, BACKLOG).await;
+    stored_while_analyzed_as_empty(&db, BACKLOG, "inbox_queue").await;
     let mut conn = db.connect().await;
     let events: Vec<NewEvent> = (0..KEYS * 2)
         .map(|n| ordered_among("key", KEYS, BACKLOG + n))
@@ -801,18 +801,7 @@ async fn a_duplicate_reads_its_stored_key_by_key_under_statistics_taken_while_th
     const STORED: usize = 5_000;
     const DUPLICATES: usize = 10;
     let db = TestDatabase::new().await;
-    let mut adding = db.connect().await;
-    let mut analyzing = db.connect().await;
-    adding.batch_execute("BEGIN").await.unwrap();
-    let stored: Vec<NewEvent> = (0..STORED).map(event).collect();
-    for chunk in stored.chunks(500) {
-        insert_events(&mut adding, chunk).await.unwrap();
-    }
-    analyzing
-        .batch_execute("ANALYZE inbox_dedup")
-        .await
-        .unwrap();
-    adding.batch_execute("COMMIT").await.unwrap();
+    stored_while_analyzed_as_empty(&db, STORED, "inbox_dedup").await;
     let mut conn = db.connect().await;
     conn.batch_execute("SET plan_cache_mode = force_generic_plan")
         .await

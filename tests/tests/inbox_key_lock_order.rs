@@ -82,6 +82,17 @@ async fn an_arrival_holding_key_a(db: &TestDatabase) -> AsyncPgConnection {
     arrival
 }
 
+/// The arrival holding key a goes on to key b, as one locking both in key order would, then
+/// commits: it must not find key b held by the writer under test.
+async fn the_arrival_goes_on_to_key_b(arrival: &mut AsyncPgConnection, writer: &str) {
+    let second = inbox::insert_events(arrival, &[ordered("evt_b2", "b", 2)]).await;
+    assert!(
+        second.is_ok(),
+        "an arrival for the keys of {writer} failed: {second:?}"
+    );
+    execute(arrival, "COMMIT").await;
+}
+
 /// A rescue of heads of several keys locked each key as it requeued that key's head, in the
 /// order of the heads' ids, while it held the expired rows. It must wait for no key: it rescues
 /// the heads whose keys are free, and the others at its next pass.
@@ -114,11 +125,7 @@ async fn a_rescue_waits_for_no_key_an_arrival_holds_and_rescues_its_head_at_the_
         1,
         "key a's head waits for the next pass"
     );
-    // The arrival goes on to key b, and ends.
-    inbox::insert_events(&mut arrival, &[ordered("evt_b2", "b", 2)])
-        .await
-        .unwrap();
-    execute(&mut arrival, "COMMIT").await;
+    the_arrival_goes_on_to_key_b(&mut arrival, "a rescue").await;
     let second = inbox::rescue_expired(&mut rescuer, &POLICY, 100)
         .await
         .unwrap();
@@ -174,13 +181,7 @@ async fn giving_back_unstarted_heads_locks_their_keys_in_key_order_and_never_dea
         inbox::release_unstarted(&mut worker, &ids, claim.lease_token).await
     });
     wait_for_a_lock_wait(&mut conn, "the release waits for key a").await;
-    // The arrival goes on to key b, which the release must not hold yet.
-    let second = inbox::insert_events(&mut arrival, &[ordered("evt_b2", "b", 2)]).await;
-    assert!(
-        second.is_ok(),
-        "an arrival for the keys given back failed: {second:?}"
-    );
-    execute(&mut arrival, "COMMIT").await;
+    the_arrival_goes_on_to_key_b(&mut arrival, "a release").await;
     assert_eq!(release.await.unwrap().unwrap(), 2, "both heads given back");
 }
 
@@ -211,12 +212,7 @@ async fn a_replay_of_dead_heads_locks_their_keys_in_key_order_and_never_deadlock
     let mut operator = db.connect().await;
     let replay = tokio::spawn(async move { operations::replay(&mut operator, &ids).await });
     wait_for_a_lock_wait(&mut conn, "the replay waits for key a").await;
-    let second = inbox::insert_events(&mut arrival, &[ordered("evt_b2", "b", 2)]).await;
-    assert!(
-        second.is_ok(),
-        "an arrival for the keys replayed failed: {second:?}"
-    );
-    execute(&mut arrival, "COMMIT").await;
+    the_arrival_goes_on_to_key_b(&mut arrival, "a replay").await;
     assert_eq!(replay.await.unwrap().unwrap(), 2, "both heads replayed");
     assert_eq!(
         count(
