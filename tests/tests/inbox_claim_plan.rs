@@ -46,10 +46,7 @@ async fn a_claim_reads_the_journal_by_key_even_under_a_generic_plan_made_before_
     for chunk in events.chunks(500) {
         insert_events(&mut conn, chunk).await.unwrap();
     }
-    // The plan PostgreSQL may settle on after five executions, made at once.
-    conn.batch_execute("SET plan_cache_mode = force_generic_plan")
-        .await
-        .unwrap();
+    plan_generically(&mut conn).await;
     for _ in 0..3 {
         conn.batch_execute("BEGIN").await.unwrap();
         let claim = claim_due(&mut conn, "w1", Duration::from_secs(30), 100)
@@ -64,6 +61,14 @@ async fn a_claim_reads_the_journal_by_key_even_under_a_generic_plan_made_before_
             "a claim scanned the journal instead of reading its rows by key"
         );
     }
+}
+
+/// Has `conn` plan every statement generically from its first execution on: the plan
+/// PostgreSQL may settle on after five, and keep for the session's life.
+async fn plan_generically(conn: &mut AsyncPgConnection) {
+    conn.batch_execute("SET plan_cache_mode = force_generic_plan")
+        .await
+        .unwrap();
 }
 
 /// Rows of the tables named like `tables` (a `LIKE` pattern) this session read, by the counter
@@ -182,9 +187,7 @@ async fn a_key_release_reads_the_finished_row_by_key_under_a_plan_made_on_an_emp
     let events: Vec<NewEvent> = (0..EVENTS).map(ordered).collect();
     insert_events(&mut conn, &events).await.unwrap();
     // Every statement of the trigger planned once, generic, at its first run, on an empty table.
-    conn.batch_execute("SET plan_cache_mode = force_generic_plan")
-        .await
-        .unwrap();
+    plan_generically(&mut conn).await;
     let dead_letter_one = async |conn: &mut diesel_async::AsyncPgConnection| {
         let claim = claim_due(conn, "w1", Duration::from_secs(30), 1)
             .await
@@ -389,9 +392,7 @@ async fn a_keyed_completion_hands_on_by_key_under_a_generic_plan() {
         .map(|n| ordered_among("key", KEYS, n))
         .collect();
     insert_events(&mut conn, &events).await.unwrap();
-    conn.batch_execute("SET plan_cache_mode = force_generic_plan")
-        .await
-        .unwrap();
+    plan_generically(&mut conn).await;
     // Claims until the first key's head comes (oldest due first: the other keys' first).
     let mut expected = 1;
     let (mut handed, token) = loop {
@@ -583,9 +584,7 @@ async fn an_arrival_settles_its_keys_by_key_under_a_plan_made_while_the_queue_lo
     let db = TestDatabase::new().await;
     stored_while_analyzed_as_empty(&db, BACKLOG, "inbox_queue").await;
     let mut conn = db.connect().await;
-    conn.batch_execute("SET plan_cache_mode = force_generic_plan")
-        .await
-        .unwrap();
+    plan_generically(&mut conn).await;
     let arrivals: Vec<NewEvent> = (0..NEW_KEYS)
         .map(|n| ordered_among("key", NEW_KEYS, BACKLOG + n))
         .collect();
@@ -803,9 +802,7 @@ async fn a_duplicate_reads_its_stored_key_by_key_under_statistics_taken_while_th
     let db = TestDatabase::new().await;
     stored_while_analyzed_as_empty(&db, STORED, "inbox_dedup").await;
     let mut conn = db.connect().await;
-    conn.batch_execute("SET plan_cache_mode = force_generic_plan")
-        .await
-        .unwrap();
+    plan_generically(&mut conn).await;
     for round in 0..3 {
         let again: Vec<NewEvent> = (round * DUPLICATES..(round + 1) * DUPLICATES)
             .map(event)
