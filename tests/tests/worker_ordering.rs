@@ -875,3 +875,97 @@ async fn a_failing_event_handed_on_in_a_transaction_costs_the_events_before_it_n
         "only the failing event took a second attempt"
     );
 }
+
+/// Counts the calls for each event, and takes `takes` over each.
+struct CountingHandler {
+    calls: Mutex<HashMap<String, usize>>,
+    takes: Duration,
+    batchable: bool,
+}
+
+impl CountingHandler {
+    fn new(takes: Duration, batchable: bool) -> Arc<Self> {
+        Arc::new(Self {
+            calls: Mutex::default(),
+            takes,
+            batchable,
+        })
+    }
+}
+
+#[async_trait]
+impl Handler for CountingHandler {
+    async fn handle(
+        &self,
+        event: &Event,
+        _: &mut AsyncPgConnection,
+    ) -> Result<Handled, HandlerError> {
+        *self
+            .calls
+            .lock()
+            .unwrap()
+            .entry(event.event_id.clone())
+            .or_default() += 1;
+        tokio::time::sleep(self.takes).await;
+        Ok(Handled::Applied)
+    }
+
+    fn batchable(&self) -> bool {
+        self.batchable
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_handed_on_keep_their_leases_while_they_wait_in_their_slot() {
+    const KEYS: usize = 3;
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    // Each key's first event is quick and batchable: one transaction completes all three and
+    // hands on their second events, which need a transaction each and run one after another
+    // in its slot, each for longer than a lease.
+    let events: Vec<NewEvent> = (0..KEYS)
+        .flat_map(|n| {
+            let key = format!("k{n}");
+            let mut first = ordered_event(&key, 1, Duration::ZERO);
+            first.event_type = Some("quick".into());
+            let mut second = ordered_event(&key, 2, Duration::ZERO);
+            second.event_type = Some("slow".into());
+            [first, second]
+        })
+        .collect();
+    insert_events(&mut conn, &events).await.unwrap();
+    let quick = CountingHandler::new(Duration::ZERO, true);
+    let slow = CountingHandler::new(Duration::from_millis(1500), false);
+    let router = Router::new()
+        .route(None, Some("quick"), Arc::clone(&quick) as Arc<dyn Handler>)
+        .route(None, Some("slow"), Arc::clone(&slow) as Arc<dyn Handler>);
+    let mut settings = worker_settings("w-handed-on");
+    settings.lease = Duration::from_secs(1);
+    settings.claimers = 1;
+    settings.handler_timeout = Duration::from_secs(5);
+    let worker = RunningWorker::start(&db, router, settings);
+    wait_for_count(
+        &mut conn,
+        "every event is done",
+        "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
+        2 * KEYS as i64,
+        Duration::from_secs(30),
+    )
+    .await;
+    let metrics = worker.stop().await;
+    assert_eq!(
+        metrics.handed_on.get(),
+        KEYS as u64,
+        "the second events were handed on"
+    );
+    let rescued = metrics.rescued.with_label_values(&["ready"]).get()
+        + metrics.rescued.with_label_values(&["dead"]).get();
+    assert_eq!(rescued, 0, "a waiting event's lease expired");
+    assert_eq!(metrics.lease_lost.get(), 0);
+    let calls = slow.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), KEYS);
+    assert!(
+        calls.values().all(|&calls| calls == 1),
+        "a slow event ran more than once: {calls:?}"
+    );
+}

@@ -3,7 +3,7 @@
 //! letter, or nothing at all when the lease was lost (the transaction rolled back and the
 //! row belongs to whoever holds it now).
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -13,6 +13,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 use super::batch::{batches, Batch, Routed};
+use super::lease_keeper::HeldLeases;
 use super::session::AttemptSession;
 use super::transaction::{Committed, Outcome};
 use super::{AttemptError, Worker, WorkerError};
@@ -22,27 +23,30 @@ impl Worker {
     /// Runs `batch`, claimed under `token`, in one slot; then, in the same slot, the events
     /// its transactions handed on (the next events of the ordered keys they completed) and
     /// did not run themselves, until none is handed on. A busy key's events thus follow each
-    /// other with no claim between them. Once the worker stops, handed-on events are given
-    /// back unstarted.
+    /// other with no claim between them. Handed-on events stay leased while they wait their
+    /// turn (the slot may run others for longer than a lease first); once the worker stops,
+    /// those not started are given back unstarted.
     pub(super) async fn run_slot(
         &self,
         batch: Batch,
         token: Uuid,
         shutdown: &watch::Receiver<bool>,
     ) {
-        let mut pending = std::collections::VecDeque::from([batch]);
-        while let Some(batch) = pending.pop_front() {
+        let mut pending: VecDeque<(Batch, Option<HeldLeases>)> = VecDeque::from([(batch, None)]);
+        while let Some((batch, waiting)) = pending.pop_front() {
+            if waiting.is_some() && *shutdown.borrow() {
+                self.release(&batch.ids(), token).await;
+                continue;
+            }
+            // The attempt keeps the leases from here on.
+            drop(waiting);
             let handed_on = self.attempt(batch, token).await;
             let events: usize = handed_on.iter().map(Batch::len).sum();
             self.metrics.handed_on.inc_by(events as u64);
-            if *shutdown.borrow() {
-                let ids: Vec<i64> = handed_on.iter().flat_map(Batch::ids).collect();
-                if !ids.is_empty() {
-                    self.release(&ids, token).await;
-                }
-                continue;
-            }
-            pending.extend(handed_on);
+            pending.extend(handed_on.into_iter().map(|batch| {
+                let held = self.leases.hold(batch.ids(), token);
+                (batch, Some(held))
+            }));
         }
     }
 
