@@ -145,23 +145,33 @@ pub fn parse(url: &str) -> Result<ParsedUrl, UrlError> {
     })
 }
 
-/// The URL without the TLS options of its query string.
+/// The URL without the TLS options of its query string. The other options are kept as
+/// written: the driver reads them percent-decoded only (a `+` is a plus sign, as for libpq),
+/// so re-encoding them as a form would turn a `%20` in `options=-c%20...` into a `+` and
+/// change what the server is sent.
 fn strip_url_options(url: &str, options: &mut TlsOptions) -> Result<String, UrlError> {
     let Some((base, query)) = url.split_once('?') else {
         return Ok(url.to_owned());
     };
-    let mut kept = form_urlencoded::Serializer::new(String::new());
-    for (key, value) in form_urlencoded::parse(query.as_bytes()) {
-        if !options.take(&key, &value)? {
-            kept.append_pair(&key, &value);
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if !options.take(&percent_decoded(key)?, &percent_decoded(value)?)? {
+            kept.push(pair);
         }
     }
-    let kept = kept.finish();
     Ok(if kept.is_empty() {
         base.to_owned()
     } else {
-        format!("{base}?{kept}")
+        format!("{base}?{}", kept.join("&"))
     })
+}
+
+fn percent_decoded(text: &str) -> Result<String, UrlError> {
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .map(String::from)
+        .map_err(|_| UrlError::Malformed("a query option that is not UTF-8 once decoded"))
 }
 
 /// The `key=value` string without its TLS options.
@@ -259,6 +269,21 @@ mod tests {
             parsed.config.get_target_session_attrs(),
             tokio_postgres::config::TargetSessionAttrs::ReadWrite
         );
+    }
+
+    #[test]
+    fn query_options_reach_the_driver_percent_decoded_only_as_libpq_reads_them() {
+        let parsed = parse(
+            "postgres://u@h/db?options=-c%20search_path%3Dpublic&application_name=a+b&sslrootcert=/etc/ca%20dir/c+a.pem&sslmode=verify-ca",
+        )
+        .unwrap();
+        assert_eq!(parsed.config.get_options(), Some("-c search_path=public"));
+        assert_eq!(parsed.config.get_application_name(), Some("a+b"));
+        assert_eq!(
+            parsed.root_certs,
+            RootCerts::File("/etc/ca dir/c+a.pem".into())
+        );
+        assert_eq!(parsed.tls_mode, TlsMode::VerifyCa);
     }
 
     #[test]
