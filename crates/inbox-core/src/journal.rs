@@ -174,7 +174,7 @@ pub async fn drop_days_received_before(
         else {
             continue;
         };
-        dropped.kept += keep_survivors(conn, end_day).await?;
+        dropped.kept += keep_survivors(conn, &partition.name, end_day, batch).await?;
         dropped.events += delete_keys_and_outcomes(conn, &partition.name, batch).await?;
         let name = quote_identifier(&partition.name);
         conn.batch_execute(&format!(
@@ -213,20 +213,63 @@ async fn drop_detached_days(conn: &mut AsyncPgConnection) -> QueryResult<usize> 
     Ok(orphans.len())
 }
 
-/// Moves the events received before `end_day` that are still wanted (queued, or dead and
-/// waiting for an operator) to the kept partition. One statement: its snapshot sees every
-/// event either queued or finished, whatever transitions run beside it; a done event is never
-/// queued again (only dead ones are replayed), so none can need keeping after it.
-async fn keep_survivors(conn: &mut AsyncPgConnection, end_day: NaiveDate) -> QueryResult<usize> {
-    diesel::sql_query(statuses_sql!(
-        "UPDATE inbox_events SET journal_day = 'infinity' \
-         WHERE journal_day < $1 \
-           AND (id IN (SELECT id FROM inbox_queue) \
-                OR id IN (SELECT id FROM inbox_finished WHERE status = {dead}))"
-    ))
-    .bind::<Date, _>(end_day)
-    .execute(conn)
-    .await
+/// Moves the events of `partition` (received before `end_day`) that are still wanted (queued,
+/// or dead and waiting for an operator) to the kept partition, `batch` events of the day per
+/// statement, in id order: a day of a long-paused route or of mass dead letters holds
+/// millions, and one statement moving them all with their bodies outlasts the statement
+/// timeout, failing every purge from then on. Each event is judged by the snapshot of one
+/// statement, which sees it either queued or finished whatever transitions run beside it; a
+/// done event is never queued again (only dead ones are replayed), so none judged done can
+/// need keeping later.
+async fn keep_survivors(
+    conn: &mut AsyncPgConnection,
+    partition: &str,
+    end_day: NaiveDate,
+    batch: i64,
+) -> QueryResult<usize> {
+    #[derive(QueryableByName)]
+    struct Moved {
+        #[diesel(sql_type = BigInt)]
+        kept: i64,
+        #[diesel(sql_type = BigInt)]
+        scanned: i64,
+        #[diesel(sql_type = Nullable<BigInt>)]
+        last_id: Option<i64>,
+    }
+    // The batch and the day are written into the statement: a plan made for a bound `LIMIT`
+    // expects every row of the day, and joined the whole queue for each batch of it.
+    let statement = statuses_sql!(
+        "WITH scanned AS ( \
+             SELECT id FROM {partition} WHERE id > $1 ORDER BY id LIMIT {batch} \
+         ), wanted AS ( \
+             SELECT scanned.id FROM scanned \
+             WHERE EXISTS (SELECT 1 FROM inbox_queue AS queue WHERE queue.id = scanned.id) \
+                OR EXISTS (SELECT 1 FROM inbox_finished AS finished \
+                           WHERE finished.id = scanned.id AND finished.status = {dead}) \
+         ), kept AS ( \
+             UPDATE inbox_events SET journal_day = 'infinity' \
+             WHERE journal_day < '{end_day}' AND id = ANY(ARRAY(SELECT id FROM wanted)) \
+             RETURNING 1 \
+         ) \
+         SELECT (SELECT count(*) FROM kept) AS kept, count(*) AS scanned, max(id) AS last_id \
+         FROM scanned"
+    )
+    .replace("{partition}", &quote_identifier(partition))
+    .replace("{batch}", &batch.to_string())
+    .replace("{end_day}", &end_day.format("%Y-%m-%d").to_string());
+    let mut after = i64::MIN;
+    let mut kept = 0;
+    loop {
+        let moved: Moved = diesel::sql_query(&statement)
+            .bind::<BigInt, _>(after)
+            .get_result(conn)
+            .await?;
+        kept += usize::try_from(moved.kept).unwrap_or(0);
+        match moved.last_id {
+            Some(last_id) if moved.scanned == batch => after = last_id,
+            _ => return Ok(kept),
+        }
+    }
 }
 
 /// Deletes the finished rows and the dedup keys of every event left in `partition` (all done,
@@ -243,11 +286,12 @@ async fn delete_keys_and_outcomes(
         #[diesel(sql_type = Nullable<BigInt>)]
         last_id: Option<i64>,
     }
+    // The batch is written into the statement, as in `keep_survivors`.
     let statement = format!(
         "WITH gone AS ( \
-             SELECT id, provider, event_id FROM {} WHERE id > $1 ORDER BY id LIMIT $2 \
+             SELECT id, provider, event_id FROM {} WHERE id > $1 ORDER BY id LIMIT {batch} \
          ), outcomes AS ( \
-             DELETE FROM inbox_finished WHERE id IN (SELECT id FROM gone) \
+             DELETE FROM inbox_finished WHERE id = ANY(ARRAY(SELECT id FROM gone)) \
          ), keys AS ( \
              DELETE FROM inbox_dedup USING gone \
              WHERE inbox_dedup.provider = gone.provider AND inbox_dedup.event_id = gone.event_id \
@@ -260,7 +304,6 @@ async fn delete_keys_and_outcomes(
     loop {
         let deleted: Deleted = diesel::sql_query(&statement)
             .bind::<BigInt, _>(after)
-            .bind::<BigInt, _>(batch)
             .get_result(conn)
             .await?;
         events += usize::try_from(deleted.events).unwrap_or(0);
