@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use chrono::{NaiveDate, Utc};
-use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use inbox_core::inbox::{self, InsertOutcome, NewEvent};
 use inbox_core::{journal, operations};
 use inbox_tests::count;
@@ -303,6 +303,40 @@ async fn a_day_detached_but_not_dropped_is_dropped_by_the_next_purge() {
         .await,
         0
     );
+}
+
+#[tokio::test]
+async fn one_purge_runs_at_a_time_and_another_leaves_everything_to_it() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    an_old_day_with_every_state(&mut conn).await;
+    // Another replica's purge, in progress.
+    let mut other = db.connect().await;
+    diesel::sql_query("SELECT pg_advisory_lock($1)")
+        .bind::<diesel::sql_types::BigInt, _>(operations::PURGE_LOCK_KEY)
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let refused = operations::purge_done(&mut conn, WEEK, WEEK, 100).await;
+    assert!(
+        matches!(refused, Err(operations::PurgeError::AlreadyRunning)),
+        "{refused:?}"
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM inbox_finished").await,
+        5,
+        "nothing was purged"
+    );
+    drop(other);
+    let purged = operations::purge_done(&mut conn, WEEK, WEEK, 100)
+        .await
+        .unwrap();
+    assert_eq!(purged.days, 1, "{purged:?}");
+    // It let the lock go: the next purge runs (and finds nothing).
+    let again = operations::purge_done(&mut conn, WEEK, WEEK, 100)
+        .await
+        .unwrap();
+    assert_eq!(again, operations::Purged::default());
 }
 
 #[tokio::test]

@@ -289,10 +289,21 @@ pub enum PurgeError {
         /// The configured dedup window.
         dedup_window: Duration,
     },
+    /// Another purge holds [`PURGE_LOCK_KEY`] (a replica's retention or `worker purge`); this
+    /// one did nothing.
+    #[error(
+        "another purge is running (a worker's retention or a `worker purge`); nothing was purged"
+    )]
+    AlreadyRunning,
     /// The database failed.
     #[error(transparent)]
     Database(#[from] diesel::result::Error),
 }
+
+/// The advisory lock a purge holds while it runs: every replica's retention fires on the same
+/// timer, and two purges dropping the same day fail each other (a row one moves to the kept
+/// partition is a row the other cannot lock).
+pub const PURGE_LOCK_KEY: i64 = 0x7765_6268_6f6f_6b32; // "webhook2"
 
 /// What one purge did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -314,7 +325,9 @@ pub struct Purged {
 /// more. The few done events of the kept partition finished more than `retention` ago are
 /// deleted row by row, `batch` per statement, and so are suppressed replays received more than
 /// `retention` ago. Dead rows are kept for the operator. Refuses a retention shorter than `dedup_window`.
-/// `conn` must not be in a transaction (a partition is detached concurrently).
+/// One purge runs at a time, across every replica: another finds [`PURGE_LOCK_KEY`] taken and
+/// returns [`PurgeError::AlreadyRunning`] at once. `conn` must not be in a transaction (a
+/// partition is detached concurrently).
 pub async fn purge_done(
     conn: &mut AsyncPgConnection,
     retention: Duration,
@@ -327,6 +340,38 @@ pub async fn purge_done(
             dedup_window,
         });
     }
+    if !try_purge_lock(conn).await? {
+        return Err(PurgeError::AlreadyRunning);
+    }
+    let purged = purge_holding_lock(conn, retention, batch).await;
+    // A connection that failed keeps the lock only until it closes.
+    let unlocked = diesel::sql_query("SELECT pg_advisory_unlock($1)")
+        .bind::<BigInt, _>(PURGE_LOCK_KEY)
+        .execute(conn)
+        .await;
+    let purged = purged?;
+    unlocked?;
+    Ok(purged)
+}
+
+async fn try_purge_lock(conn: &mut AsyncPgConnection) -> QueryResult<bool> {
+    #[derive(diesel::QueryableByName)]
+    struct Locked {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        locked: bool,
+    }
+    let locked: Locked = diesel::sql_query("SELECT pg_try_advisory_lock($1) AS locked")
+        .bind::<BigInt, _>(PURGE_LOCK_KEY)
+        .get_result(conn)
+        .await?;
+    Ok(locked.locked)
+}
+
+async fn purge_holding_lock(
+    conn: &mut AsyncPgConnection,
+    retention: Duration,
+    batch: i64,
+) -> Result<Purged, PurgeError> {
     let cutoff =
         Utc::now() - chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
     let dropped = journal::drop_days_received_before(conn, cutoff, batch).await?;

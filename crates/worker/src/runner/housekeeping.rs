@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use inbox_core::operations::Purged;
+use inbox_core::operations::{PurgeError, Purged};
 use inbox_core::{inbox, operations};
 use tokio::sync::watch;
 
@@ -77,6 +77,10 @@ impl Worker {
                 );
             }
             Ok(_) => {}
+            // Another replica's purge, on the same timer, is doing the work.
+            Err(WorkerError::Purge(PurgeError::AlreadyRunning)) => {
+                tracing::debug!("another purge is running; skipped this one");
+            }
             Err(err) => tracing::warn!(error = %err, "purging old done events failed"),
         }
     }
