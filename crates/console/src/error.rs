@@ -26,6 +26,9 @@ pub enum ConsoleError {
     /// No pooled connection.
     #[error("database unavailable")]
     Pool(#[from] diesel_async::pooled_connection::bb8::RunError),
+    /// The password check could not run (its thread pool is shutting down).
+    #[error("the password check is unavailable; retry shortly")]
+    PasswordCheck,
 }
 
 impl ResponseError for ConsoleError {
@@ -36,7 +39,7 @@ impl ResponseError for ConsoleError {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Pool(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Pool(_) | Self::PasswordCheck => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 

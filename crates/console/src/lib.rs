@@ -3,13 +3,15 @@
 //! port). It reads and writes only through `inbox-core`'s operator functions, like the CLI.
 //!
 //! Two roles (viewer, operator) with argon2 password hashes ([`users`]), sessions that expire
-//! ([`sessions`]), a CSRF token on every state change and a content security policy that
-//! lets no script run ([`http`]); every repair is written to the audit table.
+//! ([`sessions`]), failed logins limited per client and per name ([`login_throttle`]), a CSRF
+//! token on every state change and a content security policy that lets no script run
+//! ([`http`]); every repair is written to the audit table.
 #![forbid(unsafe_code)]
 
 pub mod error;
 pub mod http;
 pub mod jobs;
+pub mod login_throttle;
 pub mod metrics;
 pub mod pages;
 pub mod server;

@@ -12,7 +12,7 @@ pub struct Metrics {
     pub requests: IntCounterVec,
     /// `inbox_console_request_duration_seconds{route}`: time to answer.
     pub request_duration: HistogramVec,
-    /// `inbox_console_logins_total{outcome}`: login attempts (ok, refused).
+    /// `inbox_console_logins_total{outcome}`: login attempts (ok, refused, throttled).
     pub logins: IntCounterVec,
     /// `inbox_console_repairs_total{action}`: repair actions taken (replay, replay_filter,
     /// pause, resume, abort, skip).
@@ -52,7 +52,7 @@ impl Metrics {
         let logins = counter(
             &registry,
             "console_logins_total",
-            "Login attempts, by outcome (ok, refused).",
+            "Login attempts, by outcome (ok, refused, throttled: too many failures, password not checked).",
             &["outcome"],
         );
         let repairs = counter(

@@ -14,6 +14,7 @@ use inbox_core::operations::browse;
 use crate::error::ConsoleError;
 
 use crate::jobs::Jobs;
+use crate::login_throttle::LoginThrottle;
 use crate::metrics::Metrics;
 use crate::sessions::SessionStore;
 use crate::users::Users;
@@ -23,6 +24,10 @@ use crate::{http, pages};
 pub const DEFAULT_SESSION_LIFETIME: &str = "8h";
 /// Default events per replay statement.
 pub const DEFAULT_REPLAY_BATCH: i64 = 500;
+/// Password checks run at once. Each takes argon2's ~19 MiB and ~20 ms of a core; one at a
+/// time leaves the other core of a small machine to the pages, whatever the login traffic,
+/// and still checks about 50 logins a second.
+pub const PASSWORD_CHECKS_AT_ONCE: usize = 1;
 
 /// `console serve` flags.
 #[derive(Debug, clap::Args)]
@@ -79,6 +84,10 @@ pub struct AppState {
     pub users: Users,
     /// Who is logged in.
     pub sessions: SessionStore,
+    /// Recent failed logins, per client and per name.
+    pub login_throttle: LoginThrottle,
+    /// Permits to run a password check ([`PASSWORD_CHECKS_AT_ONCE`]).
+    pub password_checks: tokio::sync::Semaphore,
     /// Replays by filter of this process.
     pub jobs: Jobs,
     /// The metrics.
@@ -144,6 +153,8 @@ pub async fn start(args: &ServeArgs) -> anyhow::Result<RunningConsole> {
         pool,
         users,
         sessions: SessionStore::new(args.session_lifetime),
+        login_throttle: LoginThrottle::default(),
+        password_checks: tokio::sync::Semaphore::new(PASSWORD_CHECKS_AT_ONCE),
         jobs: Jobs::default(),
         metrics: metrics.clone(),
         read_only: args.read_only,

@@ -289,6 +289,58 @@ async fn a_wrong_password_or_a_forged_login_form_opens_no_session() {
 }
 
 #[tokio::test]
+async fn a_flood_of_wrong_passwords_is_throttled_without_checking_them() {
+    let console = TestConsole::start(false).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    // Twenty guesses at once: each counts from its start, so only the first five are checked.
+    let guesses = (0..20).map(|n| {
+        let client = client.clone();
+        let console = &console;
+        async move {
+            let password = format!("guess-{n}");
+            support::try_log_in(&client, console, (OPERATOR.0, &password))
+                .await
+                .status()
+                .as_u16()
+        }
+    });
+    let mut statuses = futures_util::future::join_all(guesses).await;
+    statuses.sort_unstable();
+    assert_eq!(statuses, [[401; 5].as_slice(), &[429; 15]].concat());
+
+    // The right password waits for the window too, and so does another name from the same
+    // address.
+    for user in [OPERATOR, VIEWER] {
+        let answer = support::try_log_in(&client, &console, user).await;
+        assert_eq!(answer.status(), 429, "{}", user.0);
+        let retry_after: u64 = answer.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=60).contains(&retry_after), "{retry_after}");
+        assert!(answer
+            .text()
+            .await
+            .unwrap()
+            .contains("Too many failed logins"));
+    }
+    let metrics = console.metrics().await;
+    assert!(
+        metrics.contains(r#"inbox_console_logins_total{outcome="refused"} 5"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"inbox_console_logins_total{outcome="throttled"} 17"#),
+        "{metrics}"
+    );
+    console.running.stop().await;
+}
+
+#[tokio::test]
 async fn a_replay_by_filter_runs_in_batches_and_stops_at_an_abort() {
     let console = TestConsole::start(false).await;
     let mut conn = console.db.connect().await;

@@ -1,9 +1,14 @@
 //! Logging in and out. The login form is protected against cross-site submission by a
 //! double-submit token (a cookie and a hidden field that must match), since there is no
-//! session yet to hold one.
+//! session yet to hold one. Failed logins are limited per client and per name
+//! ([`crate::login_throttle`]), and the password check runs on the blocking pool, one at a
+//! time, never on the two workers that serve the pages.
+
+use std::time::Instant;
 
 use actix_web::cookie::{Cookie, SameSite};
-use actix_web::http::{header, StatusCode};
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use maud::html;
 use serde::Deserialize;
@@ -14,6 +19,7 @@ use crate::error::ConsoleError;
 use crate::http::CurrentUser;
 use crate::server::AppState;
 use crate::sessions::{random_token, SESSION_COOKIE};
+use crate::users::Role;
 
 const LOGIN_COOKIE: &str = "console_login";
 
@@ -60,12 +66,13 @@ pub struct LoginForm {
 }
 
 /// POST /login: opens a session and sends the browser to the overview, or shows the form
-/// again with a refusal that does not say whether the name exists.
+/// again with a refusal that does not say whether the name exists. A client or name with too
+/// many recent failures is answered 429 with `Retry-After`, its password not checked.
 pub async fn submit(
     request: HttpRequest,
     state: web::Data<AppState>,
     form: web::Form<LoginForm>,
-) -> HttpResponse {
+) -> Result<HttpResponse, ConsoleError> {
     let expected = request
         .cookie(LOGIN_COOKIE)
         .map(|cookie| cookie.value().to_owned())
@@ -74,24 +81,52 @@ pub async fn submit(
         !expected.is_empty() && bool::from(expected.as_bytes().ct_eq(form.login_token.as_bytes()));
     if !token_ok {
         state.metrics.refusals.with_label_values(&["csrf"]).inc();
-        return login_page(
+        return Ok(login_page(
             &state,
             StatusCode::FORBIDDEN,
             Some("The login form expired: try again."),
-        );
+        ));
     }
-    let Some(role) = state.users.authenticate(&form.username, &form.password) else {
+    let LoginForm {
+        username, password, ..
+    } = form.into_inner();
+    let client = request.peer_addr().map(|addr| addr.ip());
+    let attempt = match state
+        .login_throttle
+        .begin(client, &username, Instant::now())
+    {
+        Ok(attempt) => attempt,
+        Err(throttled) => {
+            state.metrics.logins.with_label_values(&["throttled"]).inc();
+            tracing::warn!(client = ?client, "console login throttled");
+            let seconds = throttled.retry_after.as_secs();
+            let mut response = login_page(
+                &state,
+                StatusCode::TOO_MANY_REQUESTS,
+                Some(&format!(
+                    "Too many failed logins: try again in {seconds} seconds."
+                )),
+            );
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            return Ok(response);
+        }
+    };
+    let (username, checked) = check_password(&state, username, password).await?;
+    let Some(role) = checked else {
         state.metrics.logins.with_label_values(&["refused"]).inc();
         tracing::warn!("console login refused");
-        return login_page(
+        return Ok(login_page(
             &state,
             StatusCode::UNAUTHORIZED,
             Some("Wrong user name or password."),
-        );
+        ));
     };
+    state.login_throttle.forgive(attempt);
     state.metrics.logins.with_label_values(&["ok"]).inc();
-    tracing::info!(user = %form.username, role = role.as_str(), "console login");
-    let session_id = state.sessions.open(&form.username, role);
+    tracing::info!(user = %username, role = role.as_str(), "console login");
+    let session_id = state.sessions.open(&username, role);
     let mut response = HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/"))
         .finish();
@@ -99,7 +134,29 @@ pub async fn submit(
     let mut spent = cookie(LOGIN_COOKIE, String::new(), &state);
     spent.make_removal();
     let _ = response.add_cookie(&spent);
-    response
+    Ok(response)
+}
+
+/// The role of `username` when `password` is theirs, checked on the blocking pool with one of
+/// the [`AppState::password_checks`] permits: an argon2 check holds a core for ~20 ms, which
+/// on an async worker would stall every page that worker serves. Hands the name back.
+async fn check_password(
+    state: &web::Data<AppState>,
+    username: String,
+    password: String,
+) -> Result<(String, Option<Role>), ConsoleError> {
+    let _permit = state
+        .password_checks
+        .acquire()
+        .await
+        .map_err(|_| ConsoleError::PasswordCheck)?;
+    let users = state.clone();
+    web::block(move || {
+        let role = users.users.authenticate(&username, &password);
+        (username, role)
+    })
+    .await
+    .map_err(|_| ConsoleError::PasswordCheck)
 }
 
 /// The CSRF token of a form that changes nothing but the session.

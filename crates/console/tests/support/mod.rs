@@ -55,6 +55,16 @@ impl TestConsole {
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.running.addr)
     }
+
+    /// The text of its /metrics.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("http://{}/metrics", self.running.metrics_addr))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
 }
 
 pub fn event(provider: &str, event_id: &str, event_type: &str, body: &str) -> NewEvent {
@@ -133,26 +143,35 @@ pub fn hidden_value(html: &str, name: &str) -> String {
     html[start..].split('"').next().unwrap().to_owned()
 }
 
+/// Submits the login form as a browser does (the form first, for its token and cookie).
+pub async fn try_log_in(
+    client: &reqwest::Client,
+    console: &TestConsole,
+    (user, password): (&str, &str),
+) -> reqwest::Response {
+    let form = client.get(console.url("/login")).send().await.unwrap();
+    let login_cookie = set_cookie_value(&form, "console_login").unwrap();
+    let token = hidden_value(&form.text().await.unwrap(), "login_token");
+    client
+        .post(console.url("/login"))
+        .header("cookie", format!("console_login={login_cookie}"))
+        .form(&[
+            ("username", user),
+            ("password", password),
+            ("login_token", &token),
+        ])
+        .send()
+        .await
+        .unwrap()
+}
+
 impl HttpSession {
     pub async fn log_in(console: &TestConsole, (user, password): (&str, &str)) -> Self {
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .unwrap();
-        let form = client.get(console.url("/login")).send().await.unwrap();
-        let login_cookie = set_cookie_value(&form, "console_login").unwrap();
-        let token = hidden_value(&form.text().await.unwrap(), "login_token");
-        let answer = client
-            .post(console.url("/login"))
-            .header("cookie", format!("console_login={login_cookie}"))
-            .form(&[
-                ("username", user),
-                ("password", password),
-                ("login_token", &token),
-            ])
-            .send()
-            .await
-            .unwrap();
+        let answer = try_log_in(&client, console, (user, password)).await;
         assert_eq!(answer.status(), 303, "login of {user}");
         let cookie = set_cookie_value(&answer, "console_session").unwrap();
         let mut session = Self {
