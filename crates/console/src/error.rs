@@ -20,6 +20,9 @@ pub enum ConsoleError {
     /// No such event or job.
     #[error("not found")]
     NotFound,
+    /// The action no longer fits what the operator saw; the text says what changed.
+    #[error("{0}")]
+    Conflict(String),
     /// The database failed (details go to the log, not to the page).
     #[error("database error")]
     Database(#[from] diesel::result::Error),
@@ -38,6 +41,7 @@ impl ResponseError for ConsoleError {
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::NotFound => StatusCode::NOT_FOUND,
+            Self::Conflict(_) => StatusCode::CONFLICT,
             Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Pool(_) | Self::PasswordCheck => StatusCode::SERVICE_UNAVAILABLE,
         }

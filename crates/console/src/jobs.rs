@@ -2,6 +2,9 @@
 //! moves up to `batch` dead events back to ready and commits, so a replay of a million events
 //! holds no long transaction, shows its progress, and can be aborted between batches. Every
 //! batch also updates the action's audit row, so the audit tells how far it went.
+//!
+//! A job replays only the dead events counted when it started ([`browse::DeadExtent`]), and
+//! never more than that count: events that die while it runs wait for a replay of their own.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -9,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use inbox_core::db::PgPool;
 use inbox_core::operations::audit::{self, Outcome};
-use inbox_core::operations::browse::{self, EventQuery};
+use inbox_core::operations::browse::{self, DeadExtent, EventQuery};
 
 /// One replay by filter.
 #[derive(Debug)]
@@ -18,8 +21,8 @@ pub struct ReplayJob {
     pub id: i64,
     /// Who started it.
     pub actor: String,
-    /// The count shown before it started.
-    pub estimated: i64,
+    /// The dead events counted when it started: the most it replays.
+    pub counted: i64,
     replayed: AtomicI64,
     abort: AtomicBool,
     outcome: Mutex<Outcome>,
@@ -64,21 +67,21 @@ impl Jobs {
         self.lock().get(&id).cloned()
     }
 
-    /// Starts replaying the dead events of `query`, `batch` per statement, as audit row
-    /// `audit_id` (already recorded as running).
+    /// Starts replaying the dead events of `query` that `extent` counted, `batch` per
+    /// statement, as audit row `audit_id` (already recorded as running).
     pub fn start(
         &self,
         pool: PgPool,
         query: EventQuery,
+        extent: DeadExtent,
         audit_id: i64,
         actor: &str,
-        estimated: i64,
         batch: i64,
     ) -> Arc<ReplayJob> {
         let job = Arc::new(ReplayJob {
             id: audit_id,
             actor: actor.to_owned(),
-            estimated,
+            counted: extent.rows,
             replayed: AtomicI64::new(0),
             abort: AtomicBool::new(false),
             outcome: Mutex::new(Outcome::Running),
@@ -86,7 +89,7 @@ impl Jobs {
         self.lock().insert(audit_id, Arc::clone(&job));
         let running = Arc::clone(&job);
         tokio::spawn(async move {
-            let outcome = match run(&pool, &query, &running, batch).await {
+            let outcome = match run(&pool, &query, &extent, &running, batch).await {
                 Ok(outcome) => outcome,
                 Err(err) => {
                     tracing::error!(job = running.id, error = %err, "replay by filter failed");
@@ -120,10 +123,12 @@ impl Jobs {
     }
 }
 
-/// Replays batch after batch until none is left or the job is aborted.
+/// Replays batch after batch until none of the counted events is left, as many as were
+/// counted are replayed, or the job is aborted.
 async fn run(
     pool: &PgPool,
     query: &EventQuery,
+    extent: &DeadExtent,
     job: &ReplayJob,
     batch: i64,
 ) -> anyhow::Result<Outcome> {
@@ -132,9 +137,15 @@ async fn run(
         if job.abort.load(Ordering::Relaxed) {
             return Ok(Outcome::Aborted);
         }
+        // The count is also a cap: whatever the bounds let through, the audit never reports
+        // more events changed than the operator was shown.
+        let left = extent.rows - job.replayed();
+        if left <= 0 {
+            return Ok(Outcome::Done);
+        }
         let mut conn = pool.get().await?;
         browse::tune_session(&mut conn).await?;
-        let ids = browse::dead_ids_after(&mut conn, query, after, batch).await?;
+        let ids = browse::dead_ids_within(&mut conn, query, extent, after, batch.min(left)).await?;
         let Some(&last) = ids.last() else {
             return Ok(Outcome::Done);
         };

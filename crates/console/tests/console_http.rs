@@ -93,8 +93,12 @@ async fn keyset_pages_cover_every_matching_event_once_newest_first() {
             .unwrap(),
         5
     );
+    let extent = browse::dead_extent(&mut conn, &EventQuery::default())
+        .await
+        .unwrap();
+    assert_eq!((extent.rows, extent.last_id), (5, dead.last().copied()));
     assert_eq!(
-        browse::dead_ids_after(&mut conn, &EventQuery::default(), dead[1], 2)
+        browse::dead_ids_within(&mut conn, &EventQuery::default(), &extent, dead[1], 2)
             .await
             .unwrap(),
         dead[2..4]
@@ -430,10 +434,135 @@ async fn a_replay_by_filter_runs_in_batches_and_stops_at_an_abort() {
         (replay.estimated, replay.affected, replay.outcome.as_str()),
         (Some(5), 1, "aborted")
     );
-    assert_eq!(replay.target, serde_json::json!({"provider": "stripe"}));
+    assert_eq!(
+        replay.target,
+        serde_json::json!({"provider": "stripe", "up_to_id": ids[4]})
+    );
     assert!(audit
         .iter()
         .any(|entry| entry.action == "abort" && entry.actor == OPERATOR.0));
+    console.running.stop().await;
+}
+
+#[tokio::test]
+async fn a_replay_by_filter_replays_only_the_dead_events_the_server_counted() {
+    let console = TestConsole::start(false).await;
+    let mut conn = console.db.connect().await;
+    // `late` lies among the counted events (by id) but dies only once the replay runs.
+    let events: Vec<_> = (0..5)
+        .map(|n| event("stripe", &format!("evt_{n}"), "charge.failed", "{}"))
+        .collect();
+    let mut ids = store(&mut conn, &events[..2]).await;
+    let late = store(&mut conn, &[event("stripe", "late", "charge.failed", "{}")]).await[0];
+    ids.extend(store(&mut conn, &events[2..]).await);
+    ids.sort_unstable();
+    assert!(ids[0] < late && late < ids[4]);
+    claim_all(&mut conn, &ids).await;
+    let operator = HttpSession::log_in(&console, OPERATOR).await;
+    let replay = |confirmed: &'static str| {
+        let operator = &operator;
+        let console = &console;
+        async move {
+            operator
+                .post(
+                    console,
+                    "/replay",
+                    &[
+                        ("csrf_token", &operator.csrf_token),
+                        ("estimated", confirmed),
+                    ],
+                )
+                .await
+        }
+    };
+
+    // A confirmed count below the server's is refused, whatever the form says.
+    let refused = replay("1").await;
+    assert_eq!(refused.status(), 409);
+    assert!(refused
+        .text()
+        .await
+        .unwrap()
+        .contains("now selects 5 dead event(s), more than the 1 you confirmed"));
+    let audit = inbox_core::operations::audit::recent(&mut conn, 10)
+        .await
+        .unwrap();
+    assert!(audit.is_empty(), "{audit:?}");
+    assert_eq!(
+        browse::count_dead(&mut conn, &EventQuery::default())
+            .await
+            .unwrap(),
+        5
+    );
+
+    // The first batch waits on a row lock held here while more events die.
+    let mut blocker = console.db.connect().await;
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut blocker,
+        &format!(
+            "BEGIN; SELECT id FROM inbox_finished WHERE id = {} FOR UPDATE",
+            ids[0]
+        ),
+    )
+    .await
+    .unwrap();
+    let started = replay("6").await;
+    assert_eq!(started.status(), 303);
+    let job = started.headers()["location"].to_str().unwrap().to_owned();
+    let newer = store(
+        &mut conn,
+        &[event("stripe", "newer", "charge.failed", "{}")],
+    )
+    .await[0];
+    let mut died = claim_all(&mut conn, &[late, newer]).await;
+    died.sort_unstable();
+    assert_eq!(died, [late, newer]);
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut blocker, "COMMIT")
+        .await
+        .unwrap();
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let page = loop {
+        let page = operator.get(&console, &job).await.text().await.unwrap();
+        if !page.contains(r#"id="job-state">running<"#) {
+            break page;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replay did not end"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(page.contains(r#"id="job-state">done<"#), "{page}");
+    assert!(page.contains(r#"id="job-replayed">5<"#), "{page}");
+    assert!(page.contains(r#"id="job-counted">5<"#), "{page}");
+    let still_dead = browse::list_page(
+        &mut conn,
+        &EventQuery {
+            status: Some(InboxStatus::Dead),
+            ..EventQuery::default()
+        },
+        None,
+        10,
+    )
+    .await
+    .unwrap();
+    let mut still_dead: Vec<i64> = still_dead.iter().map(|row| row.id).collect();
+    still_dead.sort_unstable();
+    assert_eq!(still_dead, [late, newer]);
+    let audit = inbox_core::operations::audit::recent(&mut conn, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            audit[0].estimated,
+            audit[0].affected,
+            audit[0].outcome.as_str()
+        ),
+        (Some(5), 5, "done"),
+        "the server's count is recorded, not the form's"
+    );
+    assert_eq!(audit[0].target, serde_json::json!({"up_to_id": ids[4]}));
     console.running.stop().await;
 }
 

@@ -94,11 +94,13 @@ pub struct StartForm {
     csrf_token: String,
     #[serde(flatten)]
     filter: FilterParams,
-    /// The count that was shown.
+    /// The count that was shown and confirmed.
     estimated: i64,
 }
 
-/// POST /replay: records the action and starts it in the background.
+/// POST /replay: counts the filter's dead events again, refuses when there are more than the
+/// operator confirmed, then records the action (with this count) and starts it in the
+/// background, bounded to the events just counted.
 pub async fn start(
     user: CurrentUser,
     state: web::Data<AppState>,
@@ -107,13 +109,32 @@ pub async fn start(
     user.authorize_repair(&state, &form.csrf_token)?;
     let query = form.filter.to_query()?;
     let mut conn = state.connection().await?;
+    // The confirmed figure comes from the browser: only the server's own count may bound
+    // what the job changes.
+    let extent = browse::dead_extent(&mut conn, &query).await?;
+    if extent.rows > form.estimated {
+        return Err(ConsoleError::Conflict(format!(
+            "This filter now selects {} dead event(s), more than the {} you confirmed: \
+             nothing was replayed. Count them again and confirm the new figure.",
+            extent.rows, form.estimated
+        )));
+    }
+    if extent.rows == 0 {
+        return Err(ConsoleError::Conflict(
+            "This filter selects no dead event any more: nothing to replay.".to_owned(),
+        ));
+    }
+    let mut target = form.filter.to_audit_json();
+    if let (Some(fields), Some(last_id)) = (target.as_object_mut(), extent.last_id) {
+        fields.insert("up_to_id".to_owned(), serde_json::Value::from(last_id));
+    }
     let audit_id = audit::record(
         &mut conn,
         NewAction {
             actor: &user.session.user,
             action: "replay_filter",
-            target: form.filter.to_audit_json(),
-            estimated: Some(form.estimated),
+            target,
+            estimated: Some(extent.rows),
             affected: 0,
             outcome: Outcome::Running,
         },
@@ -125,13 +146,13 @@ pub async fn start(
         .repairs
         .with_label_values(&["replay_filter"])
         .inc();
-    tracing::info!(user = %user.session.user, job = audit_id, estimated = form.estimated, "replay by filter started");
+    tracing::info!(user = %user.session.user, job = audit_id, counted = extent.rows, confirmed = form.estimated, "replay by filter started");
     state.jobs.start(
         state.pool.clone(),
         query,
+        extent,
         audit_id,
         &user.session.user,
-        form.estimated,
         state.replay_batch,
     );
     Ok(see_other(format!("/jobs/{audit_id}")))
@@ -150,7 +171,7 @@ pub async fn progress(
         @if running { meta http-equiv="refresh" content="1"; }
         table id="job" {
             tr { th { "started by" } td { (job.actor) } }
-            tr { th { "estimated" } td id="job-estimated" { (job.estimated) } }
+            tr { th { "counted at start" } td id="job-counted" { (job.counted) } }
             tr { th { "replayed" } td id="job-replayed" { (job.replayed()) } }
             tr { th { "state" } td id="job-state" { (outcome.as_str()) } }
         }

@@ -18,7 +18,7 @@
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Jsonb, SmallInt, Text, Timestamptz};
+use diesel::sql_types::{BigInt, Jsonb, Nullable, SmallInt, Text, Timestamptz};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use super::{EventDetail, EventSummary};
@@ -216,17 +216,57 @@ struct Id {
     id: i64,
 }
 
-/// The next `limit` dead events `query` selects with an id above `after`, in id order: one
-/// batch of a replay by filter (hand them to [`super::replay`], then ask for the batch after
-/// the last id). Reads without locking; the replay itself skips rows no longer dead.
-pub async fn dead_ids_after(
+/// The dead events a filter selected at one moment, which bound a replay by filter: only
+/// events counted here are replayed, never one that dies while the replay runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, QueryableByName)]
+pub struct DeadExtent {
+    /// How many were dead.
+    #[diesel(sql_type = BigInt)]
+    pub rows: i64,
+    /// The highest row id among them (`None` when there were none).
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub last_id: Option<i64>,
+    /// The database's time of the count: every event counted had gone dead by then.
+    #[diesel(sql_type = Timestamptz)]
+    pub counted_at: DateTime<Utc>,
+}
+
+/// How many dead events `query` selects now (whatever its own state filter), the highest id
+/// among them and the time of the count, in one statement: what a replay by filter is
+/// allowed to replay ([`dead_ids_within`]). Reads without locking.
+pub async fn dead_extent(
     conn: &mut AsyncPgConnection,
     query: &EventQuery,
+) -> QueryResult<DeadExtent> {
+    query
+        .statement(
+            "SELECT count(*) AS rows, max(event.id) AS last_id, now() AS counted_at",
+            Some(InboxStatus::Dead),
+        )
+        .into_query()
+        .get_result(conn)
+        .await
+}
+
+/// The next `limit` dead events `query` selects with an id above `after`, in id order, among
+/// those `extent` counted: an id no higher than its last one, dead since before its count (an
+/// event that died later, a new one or an old one, is left alone). One batch of a replay by
+/// filter: hand them to [`super::replay`], then ask for the batch after the last id. Reads
+/// without locking; the replay itself skips rows no longer dead.
+pub async fn dead_ids_within(
+    conn: &mut AsyncPgConnection,
+    query: &EventQuery,
+    extent: &DeadExtent,
     after: i64,
     limit: i64,
 ) -> QueryResult<Vec<i64>> {
+    let Some(last_id) = extent.last_id else {
+        return Ok(Vec::new());
+    };
     let mut statement = query.statement("SELECT event.id", Some(InboxStatus::Dead));
     statement.and("event.id >", Param::Int(after));
+    statement.and("event.id <=", Param::Int(last_id));
+    statement.and("finished.processed_at <=", Param::Time(extent.counted_at));
     statement.sql.push_str(" ORDER BY event.id");
     statement.limit(limit);
     let ids: Vec<Id> = statement.into_query().load(conn).await?;
