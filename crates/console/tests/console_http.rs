@@ -567,6 +567,165 @@ async fn a_replay_by_filter_replays_only_the_dead_events_the_server_counted() {
 }
 
 #[tokio::test]
+async fn a_repair_whose_audit_row_cannot_be_written_does_not_happen() {
+    let console = TestConsole::start(false).await;
+    let mut conn = console.db.connect().await;
+    let ids = store(
+        &mut conn,
+        &[
+            event("shopify", "d-1", "order.paid", "{}"),
+            event("acme", "pi_1-1", "payment_intent.created", "{}"),
+            event("acme", "pi_1-2", "payment_intent.succeeded", "{}"),
+            event("stripe", "j-1", "charge.failed", "{}"),
+            event("stripe", "j-2", "charge.failed", "{}"),
+        ],
+    )
+    .await;
+    let [dead, head, behind, job_first, job_second] = ids[..] else {
+        unreachable!()
+    };
+    claim_all(&mut conn, &[dead, head, job_first, job_second]).await;
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut conn,
+        &format!(
+            "INSERT INTO inbox_dead_ordering (id, ordering_key, ordering_sequence) VALUES ({head}, 'pi_1', 1); \
+             INSERT INTO inbox_keys (ordering_key, blocked_by, blocked_since) VALUES ('pi_1', {head}, now()) \
+             ON CONFLICT (ordering_key) DO UPDATE SET blocked_by = excluded.blocked_by, blocked_since = excluded.blocked_since; \
+             UPDATE inbox_queue SET ordering_key = 'pi_1', ordering_sequence = 2 WHERE id = {behind}"
+        ),
+    )
+    .await
+    .unwrap();
+    let guarded = |event_id: &str| inbox_core::inbox::NewEvent {
+        suppress_replays: true,
+        ..event("github", event_id, "push", r#"{"ref":"main"}"#)
+    };
+    inbox_core::inbox::insert_events(&mut conn, &[guarded("g-1"), guarded("g-2")])
+        .await
+        .unwrap();
+    let suppressed = inbox_core::replays::list(&mut conn, None, None, 1)
+        .await
+        .unwrap()[0]
+        .id;
+    assert!(pause::pause_route(&mut conn, "github", "*", "someone")
+        .await
+        .unwrap());
+
+    // A replay by filter, started while the audit works, held on its first batch.
+    let operator = HttpSession::log_in(&console, OPERATOR).await;
+    let mut blocker = console.db.connect().await;
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut blocker,
+        &format!("BEGIN; SELECT id FROM inbox_finished WHERE id = {job_first} FOR UPDATE"),
+    )
+    .await
+    .unwrap();
+    let token = operator.csrf_token.clone();
+    let started = operator
+        .post(
+            &console,
+            "/replay",
+            &[
+                ("csrf_token", &token),
+                ("provider", "stripe"),
+                ("estimated", "2"),
+            ],
+        )
+        .await;
+    assert_eq!(started.status(), 303);
+    let job = started.headers()["location"].to_str().unwrap().to_owned();
+
+    // From here on the audit refuses new rows (the job's own row still takes its progress).
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut conn,
+        "DO $$ BEGIN EXECUTE format( \
+             'ALTER TABLE console_audit ADD CONSTRAINT no_new_rows CHECK (id <= %s) NOT VALID', \
+             (SELECT max(id) FROM console_audit)); END $$",
+    )
+    .await
+    .unwrap();
+    let head_id = head.to_string();
+    let suppressed_id = suppressed.to_string();
+    for (path, form) in [
+        (format!("/events/{dead}/replay"), vec![]),
+        ("/routes/pause".to_owned(), vec![("provider", "zendesk")]),
+        ("/routes/resume".to_owned(), vec![("provider", "github")]),
+        (
+            "/keys/skip".to_owned(),
+            vec![("head_id", head_id.as_str()), ("reason", "by hand")],
+        ),
+        (
+            "/replays/release".to_owned(),
+            vec![("id", suppressed_id.as_str())],
+        ),
+        (format!("{job}/abort"), vec![]),
+    ] {
+        let mut form = form;
+        form.push(("csrf_token", &token));
+        let answer = operator.post(&console, &path, &form).await;
+        assert_eq!(answer.status(), 500, "{path}");
+    }
+
+    assert_eq!(
+        inbox_core::operations::show(&mut conn, "shopify", "d-1")
+            .await
+            .unwrap()
+            .unwrap()
+            .summary
+            .status,
+        InboxStatus::Dead,
+        "not replayed"
+    );
+    let paused: Vec<String> = pause::paused_routes(&mut conn)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|route| route.provider)
+        .collect();
+    assert_eq!(paused, ["github"], "neither paused nor resumed");
+    assert_eq!(
+        browse::blocked_keys(&mut conn, 10).await.unwrap().len(),
+        1,
+        "not skipped"
+    );
+    assert_eq!(
+        inbox_core::replays::count(&mut conn).await.unwrap(),
+        1,
+        "not released"
+    );
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut blocker, "COMMIT")
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let page = loop {
+        let page = operator.get(&console, &job).await.text().await.unwrap();
+        if !page.contains(r#"id="job-state">running<"#) {
+            break page;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replay did not end"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(
+        page.contains(r#"id="job-state">done<"#),
+        "not aborted: {page}"
+    );
+    let audit = inbox_core::operations::audit::recent(&mut conn, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        audit
+            .iter()
+            .map(|entry| (entry.action.as_str(), entry.affected))
+            .collect::<Vec<_>>(),
+        [("replay_filter", 2)]
+    );
+    console.running.stop().await;
+}
+
+#[tokio::test]
 async fn an_ordered_events_key_is_shown_and_a_blocked_keys_dead_head_is_listed_and_skipped() {
     let console = TestConsole::start(false).await;
     let mut conn = console.db.connect().await;

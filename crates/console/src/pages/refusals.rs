@@ -5,6 +5,7 @@
 use actix_web::http::header;
 use actix_web::{web, HttpResponse};
 use chrono::{Duration, Utc};
+use diesel_async::AsyncConnection;
 use inbox_core::operations::audit::{self, NewAction, Outcome};
 use inbox_core::{rejections, replays};
 use maud::html;
@@ -112,7 +113,8 @@ pub struct ReleaseForm {
     id: i64,
 }
 
-/// POST /replays/release: queues a suppressed replay as if it had just arrived; audited.
+/// POST /replays/release: queues a suppressed replay as if it had just arrived, audited in
+/// the same transaction.
 pub async fn release(
     user: CurrentUser,
     state: web::Data<AppState>,
@@ -120,26 +122,31 @@ pub async fn release(
 ) -> Result<HttpResponse, ConsoleError> {
     user.authorize_repair(&state, &form.csrf_token)?;
     let mut conn = state.connection().await?;
-    let released = replays::release(&mut conn, &[form.id]).await?;
-    if released.is_empty() {
-        return Err(ConsoleError::BadRequest(format!(
-            "{} is not a suppressed replay (released already, or purged)",
-            form.id
-        )));
-    }
-    audit::record(
-        &mut conn,
-        NewAction {
-            actor: &user.session.user,
-            action: "release_replay",
-            target: serde_json::json!({ "id": form.id }),
-            estimated: None,
-            affected: 1,
-            outcome: Outcome::Done,
-        },
-    )
+    conn.transaction::<_, ConsoleError, _>(async |tx| {
+        let released = replays::release(tx, &[form.id]).await?;
+        if released.is_empty() {
+            return Err(ConsoleError::BadRequest(format!(
+                "{} is not a suppressed replay (released already, or purged)",
+                form.id
+            )));
+        }
+        audit::record(
+            tx,
+            NewAction {
+                actor: &user.session.user,
+                action: "release_replay",
+                target: serde_json::json!({ "id": form.id }),
+                estimated: None,
+                affected: 1,
+                outcome: Outcome::Done,
+            },
+        )
+        .await?;
+        // Sent at commit, and only if the release commits.
+        inbox_core::inbox::notify_new_events(tx).await?;
+        Ok(())
+    })
     .await?;
-    inbox_core::inbox::notify_new_events(&mut conn).await?;
     state
         .metrics
         .repairs

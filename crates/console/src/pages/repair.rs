@@ -1,9 +1,11 @@
 //! Replays: one dead event, or every dead event a filter selects, counted first and then run
-//! in the background with its progress shown and an abort button. Each is written to the
-//! audit before it runs.
+//! in the background with its progress shown and an abort button. A replay of one event is
+//! audited in the transaction that replays it; a replay by filter and an abort are written to
+//! the audit before they run; none happens without its audit row.
 
 use actix_web::http::header;
 use actix_web::{web, HttpResponse};
+use diesel_async::AsyncConnection;
 use inbox_core::inbox;
 use inbox_core::operations::audit::{self, NewAction, Outcome};
 use inbox_core::operations::{self, browse};
@@ -38,23 +40,29 @@ pub async fn replay_one(
 ) -> Result<HttpResponse, ConsoleError> {
     user.authorize_repair(&state, &form.csrf_token)?;
     let mut conn = state.connection().await?;
-    let replayed = operations::replay(&mut conn, &[*id]).await?;
-    if replayed > 0 {
-        // Idle workers claim it now instead of at their next poll.
-        inbox::notify_new_events(&mut conn).await?;
-    }
-    audit::record(
-        &mut conn,
-        NewAction {
-            actor: &user.session.user,
-            action: "replay",
-            target: serde_json::json!({ "id": *id }),
-            estimated: None,
-            affected: i64::try_from(replayed).unwrap_or(i64::MAX),
-            outcome: Outcome::Done,
-        },
-    )
-    .await?;
+    let replayed = conn
+        .transaction::<_, ConsoleError, _>(async |tx| {
+            let replayed = operations::replay(tx, &[*id]).await?;
+            audit::record(
+                tx,
+                NewAction {
+                    actor: &user.session.user,
+                    action: "replay",
+                    target: serde_json::json!({ "id": *id }),
+                    estimated: None,
+                    affected: i64::try_from(replayed).unwrap_or(i64::MAX),
+                    outcome: Outcome::Done,
+                },
+            )
+            .await?;
+            if replayed > 0 {
+                // Idle workers claim it now instead of at their next poll; PostgreSQL sends
+                // the notification at commit, and only if the replay commits.
+                inbox::notify_new_events(tx).await?;
+            }
+            Ok(replayed)
+        })
+        .await?;
     state.metrics.repairs.with_label_values(&["replay"]).inc();
     tracing::info!(user = %user.session.user, id = *id, replayed, "replayed one event");
     Ok(see_other(format!("/events/{}", *id)))
@@ -200,8 +208,8 @@ pub async fn abort(
 ) -> Result<HttpResponse, ConsoleError> {
     user.authorize_repair(&state, &form.csrf_token)?;
     let job = state.jobs.get(*id).ok_or(ConsoleError::NotFound)?;
-    job.abort();
     let mut conn = state.connection().await?;
+    // Recorded first: an abort the audit cannot hold does not happen.
     audit::record(
         &mut conn,
         NewAction {
@@ -214,6 +222,7 @@ pub async fn abort(
         },
     )
     .await?;
+    job.abort();
     state.metrics.repairs.with_label_values(&["abort"]).inc();
     Ok(see_other(format!("/jobs/{}", job.id)))
 }

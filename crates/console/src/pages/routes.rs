@@ -1,9 +1,10 @@
 //! Paused routes: pause a provider (or one of its event types) so its events wait, ready and
 //! unclaimed, while ingest goes on; resume it. Beside them, the ordering keys blocked by a
-//! dead head.
+//! dead head. Each change is audited in the transaction that makes it.
 
 use actix_web::http::header;
 use actix_web::{web, HttpResponse};
+use diesel_async::AsyncConnection;
 use inbox_core::inbox::pause::{self, EVERY_EVENT_TYPE};
 use inbox_core::operations::audit::{self, NewAction, Outcome};
 use inbox_core::operations::browse;
@@ -123,28 +124,34 @@ async fn change(
     user.authorize_repair(&state, &form.csrf_token)?;
     let (provider, event_type) = form.route()?;
     let mut conn = state.connection().await?;
-    let changed = if action == "pause" {
-        pause::pause_route(&mut conn, provider, event_type, &user.session.user).await?
-    } else {
-        let resumed = pause::resume_route(&mut conn, provider, event_type).await?;
-        if resumed {
-            // Idle workers claim the waiting events now instead of at their next poll.
-            inbox_core::inbox::notify_new_events(&mut conn).await?;
-        }
-        resumed
-    };
-    audit::record(
-        &mut conn,
-        NewAction {
-            actor: &user.session.user,
-            action,
-            target: serde_json::json!({ "provider": provider, "event_type": event_type }),
-            estimated: None,
-            affected: 0,
-            outcome: Outcome::Done,
-        },
-    )
-    .await?;
+    let changed = conn
+        .transaction::<_, ConsoleError, _>(async |tx| {
+            let changed = if action == "pause" {
+                pause::pause_route(tx, provider, event_type, &user.session.user).await?
+            } else {
+                let resumed = pause::resume_route(tx, provider, event_type).await?;
+                if resumed {
+                    // Idle workers claim the waiting events now instead of at their next
+                    // poll (PostgreSQL sends it at commit, and only if the resume commits).
+                    inbox_core::inbox::notify_new_events(tx).await?;
+                }
+                resumed
+            };
+            audit::record(
+                tx,
+                NewAction {
+                    actor: &user.session.user,
+                    action,
+                    target: serde_json::json!({ "provider": provider, "event_type": event_type }),
+                    estimated: None,
+                    affected: 0,
+                    outcome: Outcome::Done,
+                },
+            )
+            .await?;
+            Ok(changed)
+        })
+        .await?;
     state.metrics.repairs.with_label_values(&[action]).inc();
     tracing::info!(user = %user.session.user, provider, event_type, action, changed, "route changed");
     Ok(HttpResponse::SeeOther()
@@ -171,25 +178,29 @@ pub async fn skip(
 ) -> Result<HttpResponse, ConsoleError> {
     user.authorize_repair(&state, &form.csrf_token)?;
     let mut conn = state.connection().await?;
-    let key = match ordering::skip_dead_head(&mut conn, form.head_id, &form.reason).await {
-        Ok(key) => key,
-        Err(ordering::SkipError::Database(err)) => return Err(err.into()),
-        Err(refused) => return Err(ConsoleError::BadRequest(refused.to_string())),
-    };
-    audit::record(
-        &mut conn,
-        NewAction {
-            actor: &user.session.user,
-            action: "skip",
-            target: serde_json::json!({ "id": form.head_id, "ordering_key": key, "reason": form.reason.trim() }),
-            estimated: None,
-            affected: 1,
-            outcome: Outcome::Done,
-        },
-    )
+    conn.transaction::<_, ConsoleError, _>(async |tx| {
+        let key = match ordering::skip_dead_head(tx, form.head_id, &form.reason).await {
+            Ok(key) => key,
+            Err(ordering::SkipError::Database(err)) => return Err(err.into()),
+            Err(refused) => return Err(ConsoleError::BadRequest(refused.to_string())),
+        };
+        audit::record(
+            tx,
+            NewAction {
+                actor: &user.session.user,
+                action: "skip",
+                target: serde_json::json!({ "id": form.head_id, "ordering_key": key, "reason": form.reason.trim() }),
+                estimated: None,
+                affected: 1,
+                outcome: Outcome::Done,
+            },
+        )
+        .await?;
+        // The key's next event is claimable now (sent at commit, and only if the skip commits).
+        inbox_core::inbox::notify_new_events(tx).await?;
+        Ok(())
+    })
     .await?;
-    // The key's next event is claimable now.
-    inbox_core::inbox::notify_new_events(&mut conn).await?;
     state.metrics.repairs.with_label_values(&["skip"]).inc();
     tracing::info!(user = %user.session.user, head = form.head_id, "blocked key's head skipped");
     Ok(HttpResponse::SeeOther()
