@@ -726,6 +726,32 @@ async fn a_repair_whose_audit_row_cannot_be_written_does_not_happen() {
 }
 
 #[tokio::test]
+async fn an_events_body_is_shown_as_received_only_reindented() {
+    let console = TestConsole::start(false).await;
+    let mut conn = console.db.connect().await;
+    let body = r#"{"id":"evt_1","id":"evt_2","amount":123456789012345678901234567890,"rate":1e2,"z":1,"a":[]}"#;
+    let id = store(
+        &mut conn,
+        &[event("stripe", "evt_1", "charge.failed", body)],
+    )
+    .await[0];
+    let viewer = HttpSession::log_in(&console, VIEWER).await;
+    let page = viewer
+        .get(&console, &format!("/events/{id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    let shown = "{\n  \"id\": \"evt_1\",\n  \"id\": \"evt_2\",\n  \"amount\": 123456789012345678901234567890,\n  \"rate\": 1e2,\n  \"z\": 1,\n  \"a\": []\n}"
+        .replace('"', "&quot;");
+    assert!(
+        page.contains(&format!(r#"<pre id="body">{shown}</pre>"#)),
+        "{page}"
+    );
+    console.running.stop().await;
+}
+
+#[tokio::test]
 async fn an_ordered_events_key_is_shown_and_a_blocked_keys_dead_head_is_listed_and_skipped() {
     let console = TestConsole::start(false).await;
     let mut conn = console.db.connect().await;

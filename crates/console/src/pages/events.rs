@@ -1,5 +1,6 @@
 //! The event list (filters, keyset pages) and one event's detail. Everything shown comes from
-//! a webhook's sender and is escaped; bodies are shown as text, never interpreted.
+//! a webhook's sender and is escaped; bodies are shown as text, as received, never
+//! interpreted.
 
 use actix_web::{web, HttpResponse};
 use inbox_core::operations::browse;
@@ -135,13 +136,76 @@ pub fn header_lines(headers: &serde_json::Value) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The body for reading: pretty JSON when it is JSON, otherwise the text with invalid UTF-8
-/// replaced. Either way it is shown as escaped text.
+/// The body for reading, always the bytes as received: invalid UTF-8 replaced, and valid JSON
+/// re-indented, nothing else. Values are never parsed and printed again, which would collapse
+/// duplicate keys, round big numbers, rewrite `1e2` as `100.0` and reorder keys: the page must
+/// show what the sender sent. Either way it is shown as escaped text.
 pub fn readable_body(body: &[u8]) -> String {
-    match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(json) => serde_json::to_string_pretty(&json).unwrap_or_default(),
-        Err(_) => String::from_utf8_lossy(body).into_owned(),
+    // A syntax check only: nothing of the parsed value is kept.
+    let is_json = serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok();
+    let text = String::from_utf8_lossy(body);
+    if is_json {
+        reindent_json(&text)
+    } else {
+        text.into_owned()
     }
+}
+
+/// Valid JSON `text` with its whitespace outside strings replaced by two-space indentation,
+/// one member or element per line; every other character is kept as it is.
+fn reindent_json(text: &str) -> String {
+    fn new_line(out: &mut String, depth: usize) {
+        out.push('\n');
+        out.extend(std::iter::repeat_n("  ", depth));
+    }
+    let is_space = |c: &char| matches!(c, ' ' | '\t' | '\n' | '\r');
+    let mut out = String::with_capacity(text.len() + text.len() / 4);
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if in_string {
+            out.push(c);
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            c if is_space(&c) => {}
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            '{' | '[' => {
+                out.push(c);
+                while chars.next_if(is_space).is_some() {}
+                // An empty object or array stays on its line.
+                if let Some(close) = chars.next_if(|next| matches!(next, '}' | ']')) {
+                    out.push(close);
+                } else {
+                    depth += 1;
+                    new_line(&mut out, depth);
+                }
+            }
+            '}' | ']' => {
+                depth = depth.saturating_sub(1);
+                new_line(&mut out, depth);
+                out.push(c);
+            }
+            ',' => {
+                out.push(c);
+                new_line(&mut out, depth);
+            }
+            ':' => out.push_str(": "),
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// GET /events/{id}.
@@ -216,6 +280,10 @@ mod tests {
         assert_eq!(value("x-auth-token").as_deref(), Some("[hidden]"));
         assert_eq!(value("Stripe-Signature").as_deref(), Some("t=1,v1=ab"));
         assert_eq!(readable_body(br#"{"a":1}"#), "{\n  \"a\": 1\n}");
+        assert_eq!(
+            readable_body(br#" {"b" : [1, {}, [ ], "x, \"y\" {z}"],"a":{"c":null}} "#),
+            "{\n  \"b\": [\n    1,\n    {},\n    [],\n    \"x, \\\"y\\\" {z}\"\n  ],\n  \"a\": {\n    \"c\": null\n  }\n}"
+        );
         assert_eq!(readable_body(b"a=1&b=\xff"), "a=1&b=\u{fffd}");
         assert_eq!(cut("abcdef", 3), "abc…");
     }
