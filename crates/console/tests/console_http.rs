@@ -921,6 +921,13 @@ async fn refusals_are_grouped_by_cause_and_a_suppressed_replay_is_released_by_an
         overview.contains(r#"<div class="figure" id="suppressed-replays">1</div>"#),
         "{overview}"
     );
+    // Each chart's caption follows its closed axis line (inside an unclosed one it is not
+    // drawn).
+    assert_eq!(
+        overview.matches(r##"stroke="#888"></line><text "##).count(),
+        2,
+        "{overview}"
+    );
     let page = viewer
         .get(&console, "/refusals")
         .await

@@ -22,7 +22,9 @@ pub fn bars(label: &str, values: &[i64], colour: &str) -> Markup {
                     title { (value) }
                 }
             }
-            line x1="0" y1=(HEIGHT) x2=(WIDTH) y2=(HEIGHT) stroke="#888";
+            // Closed explicitly: inline SVG is parsed as HTML, where `<line>` is no void
+            // element, so an unclosed one would swallow the caption below and hide it.
+            line x1="0" y1=(HEIGHT) x2=(WIDTH) y2=(HEIGHT) stroke="#888" {}
             text x="2" y=(HEIGHT + 15.0) font-size="11" fill="#333" {
                 (label) ": max " (max) "/min, total " (values.iter().sum::<i64>())
             }
@@ -42,5 +44,9 @@ mod tests {
         assert!(svg.contains(r#"height="60.0""#));
         assert!(svg.contains("&lt;accepted&gt;: max 10/min, total 15"));
         assert!(!svg.contains("<accepted>"));
+        assert!(
+            svg.contains(r##"stroke="#888"></line><text "##),
+            "the caption follows a closed line: {svg}"
+        );
     }
 }
