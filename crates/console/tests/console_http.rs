@@ -752,6 +752,51 @@ async fn an_events_body_is_shown_as_received_only_reindented() {
 }
 
 #[tokio::test]
+async fn credential_like_headers_are_hidden_on_an_events_page() {
+    let console = TestConsole::start(false).await;
+    let mut conn = console.db.connect().await;
+    let hidden = [
+        ("X-Auth", "supersecret-auth"),
+        ("Proxy-Authorization", "Basic c2VjcmV0"),
+        ("apikey", "secret-apikey"),
+        ("Api_Key", "secret-api-key"),
+        ("X-Gitlab-Token", "secret-token"),
+        ("X-Webhook-Secret", "secret-secret"),
+        ("X-Hub-Signature-256", "sha256=secret-signature"),
+        ("X-Shopify-Hmac-Sha256", "secret-hmac"),
+        ("X-Password", "secret-password"),
+        ("Cookie", "sid=secret-cookie"),
+        ("X-Session-Id", "secret-session"),
+    ];
+    let mut headers: serde_json::Map<String, serde_json::Value> = hidden
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).into()))
+        .collect();
+    headers.insert("User-Agent".to_owned(), "Shopify-Captain-Hook".into());
+    let stored = inbox_core::inbox::NewEvent {
+        headers: serde_json::Value::Object(headers),
+        ..event("shopify", "h-1", "orders/create", "{}")
+    };
+    let id = store(&mut conn, &[stored]).await[0];
+    let viewer = HttpSession::log_in(&console, VIEWER).await;
+    let page = viewer
+        .get(&console, &format!("/events/{id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    for (name, value) in hidden {
+        assert!(
+            page.contains(&format!("<th>{name}</th><td>[hidden]</td>")),
+            "{name} shown: {page}"
+        );
+        assert!(!page.contains(value), "{value} shown");
+    }
+    assert!(page.contains("<th>User-Agent</th><td>Shopify-Captain-Hook</td>"));
+    console.running.stop().await;
+}
+
+#[tokio::test]
 async fn an_ordered_events_key_is_shown_and_a_blocked_keys_dead_head_is_listed_and_skipped() {
     let console = TestConsole::start(false).await;
     let mut conn = console.db.connect().await;

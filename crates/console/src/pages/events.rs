@@ -104,14 +104,23 @@ fn cut(text: &str, chars: usize) -> String {
     }
 }
 
-/// Header names whose values are never shown, should a sender have put a credential there.
-const HIDDEN_HEADER_WORDS: [&str; 6] = [
-    "authorization",
-    "cookie",
+/// Words that mark a header as credential-like: a header whose name contains one (in any
+/// case) has its value hidden, should a sender have put a credential there. Broad on purpose:
+/// hiding a harmless value costs less than showing a secret to every viewer. `auth` covers
+/// `Authorization` and `X-Auth`, `key` covers `X-Api-Key`, `apikey` and `api_key`; a
+/// signature or HMAC, with the body shown beside it, would let a viewer send the delivery again.
+const HIDDEN_HEADER_WORDS: [&str; 11] = [
+    "auth",
+    "key",
     "token",
     "secret",
     "password",
-    "api-key",
+    "passwd",
+    "credential",
+    "signature",
+    "hmac",
+    "cookie",
+    "session",
 ];
 
 /// The stored headers as `name: value` lines, credentials masked.
@@ -268,7 +277,7 @@ mod tests {
 
     #[test]
     fn credential_headers_are_hidden_and_bodies_stay_text() {
-        let headers = serde_json::json!({"X-Api-Key": "k", "Stripe-Signature": "t=1,v1=ab", "x-auth-token": "t"});
+        let headers = serde_json::json!({"X-Api-Key": "k", "Stripe-Signature": "t=1,v1=ab", "x-auth-token": "t", "User-Agent": "Stripe/1.0"});
         let lines = header_lines(&headers);
         let value = |name: &str| {
             lines
@@ -278,7 +287,8 @@ mod tests {
         };
         assert_eq!(value("X-Api-Key").as_deref(), Some("[hidden]"));
         assert_eq!(value("x-auth-token").as_deref(), Some("[hidden]"));
-        assert_eq!(value("Stripe-Signature").as_deref(), Some("t=1,v1=ab"));
+        assert_eq!(value("Stripe-Signature").as_deref(), Some("[hidden]"));
+        assert_eq!(value("User-Agent").as_deref(), Some("Stripe/1.0"));
         assert_eq!(readable_body(br#"{"a":1}"#), "{\n  \"a\": 1\n}");
         assert_eq!(
             readable_body(br#" {"b" : [1, {}, [ ], "x, \"y\" {z}"],"a":{"c":null}} "#),
