@@ -204,6 +204,12 @@ async fn state_changes_are_refused_without_session_role_csrf_token_or_when_read_
     assert_eq!(answer.status(), 303);
     assert_eq!(pause::paused_routes(&mut conn).await.unwrap().len(), 1);
 
+    // A logout with a wrong token is refused (and counted), the session kept.
+    let answer = operator
+        .post(&console, "/logout", &[("csrf_token", "forged")])
+        .await;
+    assert_eq!(answer.status(), 403);
+    assert_eq!(operator.get(&console, "/").await.status(), 200);
     // Logged out, the session is gone.
     let answer = operator
         .post(&console, "/logout", &[("csrf_token", &operator.csrf_token)])
@@ -218,7 +224,7 @@ async fn state_changes_are_refused_without_session_role_csrf_token_or_when_read_
         .await
         .unwrap();
     assert!(
-        metrics.contains(r#"inbox_console_refusals_total{reason="csrf"} 3"#),
+        metrics.contains(r#"inbox_console_refusals_total{reason="csrf"} 4"#),
         "{metrics}"
     );
     assert!(metrics.contains(r#"inbox_console_refusals_total{reason="role"} 1"#));

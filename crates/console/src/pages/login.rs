@@ -173,6 +173,9 @@ pub async fn logout(
     form: web::Form<CsrfOnly>,
 ) -> Result<HttpResponse, ConsoleError> {
     if !user.session.csrf_matches(&form.csrf_token) {
+        // Counted like every other refused state change.
+        state.metrics.refusals.with_label_values(&["csrf"]).inc();
+        tracing::warn!(user = %user.session.user, reason = "csrf", "logout refused");
         return Err(ConsoleError::Forbidden(
             "The form's CSRF token is missing or wrong.",
         ));
