@@ -42,9 +42,18 @@ impl ReplayJob {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Asks the job to stop after the batch in progress.
-    pub fn abort(&self) {
+    /// Asks the job to stop after the batch in progress; false (nothing asked) when it has
+    /// ended already.
+    pub fn abort(&self) -> bool {
+        let outcome = self
+            .outcome
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *outcome != Outcome::Running {
+            return false;
+        }
         self.abort.store(true, Ordering::Relaxed);
+        true
     }
 
     fn finish(&self, outcome: Outcome) {

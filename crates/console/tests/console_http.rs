@@ -803,6 +803,79 @@ async fn credential_like_headers_are_hidden_on_an_events_page() {
 }
 
 #[tokio::test]
+async fn a_repair_that_would_change_nothing_is_refused_and_not_audited() {
+    let console = TestConsole::start(false).await;
+    let mut conn = console.db.connect().await;
+    let id = store(&mut conn, &[event("stripe", "s-1", "charge.failed", "{}")]).await[0];
+    claim_all(&mut conn, &[id]).await;
+    let operator = HttpSession::log_in(&console, OPERATOR).await;
+    let token = operator.csrf_token.clone();
+    let route = |provider: &'static str| [("csrf_token", token.as_str()), ("provider", provider)];
+    for (path, provider, status) in [
+        ("/routes/pause", "github", 303),
+        ("/routes/pause", "github", 409),
+        ("/routes/resume", "zendesk", 409),
+        ("/routes/resume", "github", 303),
+        ("/routes/resume", "github", 409),
+    ] {
+        let answer = operator.post(&console, path, &route(provider)).await;
+        assert_eq!(answer.status(), status, "{path} {provider}");
+        if status == 409 {
+            assert!(answer.text().await.unwrap().contains("nothing changed"));
+        }
+    }
+
+    let started = operator
+        .post(
+            &console,
+            "/replay",
+            &[("csrf_token", &token), ("estimated", "1")],
+        )
+        .await;
+    let job = started.headers()["location"].to_str().unwrap().to_owned();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while operator
+        .get(&console, &job)
+        .await
+        .text()
+        .await
+        .unwrap()
+        .contains(r#"id="job-state">running<"#)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replay did not end"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let answer = operator
+        .post(&console, &format!("{job}/abort"), &[("csrf_token", &token)])
+        .await;
+    assert_eq!(answer.status(), 409);
+    assert!(answer
+        .text()
+        .await
+        .unwrap()
+        .contains("has ended already (done): nothing to abort"));
+
+    let audit = inbox_core::operations::audit::recent(&mut conn, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        audit
+            .iter()
+            .map(|entry| (entry.action.as_str(), entry.outcome.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            ("replay_filter", "done"),
+            ("resume", "done"),
+            ("pause", "done")
+        ]
+    );
+    console.running.stop().await;
+}
+
+#[tokio::test]
 async fn an_ordered_events_key_is_shown_and_a_blocked_keys_dead_head_is_listed_and_skipped() {
     let console = TestConsole::start(false).await;
     let mut conn = console.db.connect().await;

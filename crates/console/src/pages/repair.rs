@@ -199,7 +199,8 @@ pub async fn progress(
     ))
 }
 
-/// POST /jobs/{id}/abort.
+/// POST /jobs/{id}/abort: refused (409) when the job has ended already; otherwise recorded,
+/// then the job is asked to stop.
 pub async fn abort(
     user: CurrentUser,
     state: web::Data<AppState>,
@@ -209,20 +210,32 @@ pub async fn abort(
     user.authorize_repair(&state, &form.csrf_token)?;
     let job = state.jobs.get(*id).ok_or(ConsoleError::NotFound)?;
     let mut conn = state.connection().await?;
-    // Recorded first: an abort the audit cannot hold does not happen.
-    audit::record(
-        &mut conn,
-        NewAction {
-            actor: &user.session.user,
-            action: "abort",
-            target: serde_json::json!({ "job": job.id }),
-            estimated: None,
-            affected: 0,
-            outcome: Outcome::Done,
-        },
-    )
+    // The abort is asked for inside the audit's transaction, once its row is written: an
+    // abort the audit cannot hold does not happen, and a job that has ended is not recorded
+    // as aborted.
+    conn.transaction::<_, ConsoleError, _>(async |tx| {
+        audit::record(
+            tx,
+            NewAction {
+                actor: &user.session.user,
+                action: "abort",
+                target: serde_json::json!({ "job": job.id }),
+                estimated: None,
+                affected: 0,
+                outcome: Outcome::Done,
+            },
+        )
+        .await?;
+        if !job.abort() {
+            return Err(ConsoleError::Conflict(format!(
+                "Replay {} has ended already ({}): nothing to abort.",
+                job.id,
+                job.outcome().as_str()
+            )));
+        }
+        Ok(())
+    })
     .await?;
-    job.abort();
     state.metrics.repairs.with_label_values(&["abort"]).inc();
     Ok(see_other(format!("/jobs/{}", job.id)))
 }

@@ -124,36 +124,46 @@ async fn change(
     user.authorize_repair(&state, &form.csrf_token)?;
     let (provider, event_type) = form.route()?;
     let mut conn = state.connection().await?;
-    let changed = conn
-        .transaction::<_, ConsoleError, _>(async |tx| {
-            let changed = if action == "pause" {
-                pause::pause_route(tx, provider, event_type, &user.session.user).await?
+    conn.transaction::<_, ConsoleError, _>(async |tx| {
+        let changed = if action == "pause" {
+            pause::pause_route(tx, provider, event_type, &user.session.user).await?
+        } else {
+            let resumed = pause::resume_route(tx, provider, event_type).await?;
+            if resumed {
+                // Idle workers claim the waiting events now instead of at their next
+                // poll (PostgreSQL sends it at commit, and only if the resume commits).
+                inbox_core::inbox::notify_new_events(tx).await?;
+            }
+            resumed
+        };
+        if !changed {
+            // Nothing to record: the audit lists what operators changed.
+            let state_now = if action == "pause" {
+                "already paused"
             } else {
-                let resumed = pause::resume_route(tx, provider, event_type).await?;
-                if resumed {
-                    // Idle workers claim the waiting events now instead of at their next
-                    // poll (PostgreSQL sends it at commit, and only if the resume commits).
-                    inbox_core::inbox::notify_new_events(tx).await?;
-                }
-                resumed
+                "not paused"
             };
-            audit::record(
-                tx,
-                NewAction {
-                    actor: &user.session.user,
-                    action,
-                    target: serde_json::json!({ "provider": provider, "event_type": event_type }),
-                    estimated: None,
-                    affected: 0,
-                    outcome: Outcome::Done,
-                },
-            )
-            .await?;
-            Ok(changed)
-        })
+            return Err(ConsoleError::Conflict(format!(
+                "{provider} / {event_type} is {state_now}: nothing changed."
+            )));
+        }
+        audit::record(
+            tx,
+            NewAction {
+                actor: &user.session.user,
+                action,
+                target: serde_json::json!({ "provider": provider, "event_type": event_type }),
+                estimated: None,
+                affected: 0,
+                outcome: Outcome::Done,
+            },
+        )
         .await?;
+        Ok(())
+    })
+    .await?;
     state.metrics.repairs.with_label_values(&[action]).inc();
-    tracing::info!(user = %user.session.user, provider, event_type, action, changed, "route changed");
+    tracing::info!(user = %user.session.user, provider, event_type, action, "route changed");
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/routes"))
         .finish())
@@ -208,7 +218,7 @@ pub async fn skip(
         .finish())
 }
 
-/// POST /routes/pause.
+/// POST /routes/pause; refused (409) when the route is paused already.
 pub async fn pause(
     user: CurrentUser,
     state: web::Data<AppState>,
@@ -217,7 +227,7 @@ pub async fn pause(
     change(user, state, form, "pause").await
 }
 
-/// POST /routes/resume.
+/// POST /routes/resume; refused (409) when the route is not paused.
 pub async fn resume(
     user: CurrentUser,
     state: web::Data<AppState>,
