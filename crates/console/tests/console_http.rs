@@ -876,6 +876,53 @@ async fn a_repair_that_would_change_nothing_is_refused_and_not_audited() {
 }
 
 #[tokio::test]
+async fn the_audit_is_paged_by_row_id_and_every_action_is_reachable() {
+    use inbox_core::operations::audit::{self, NewAction, Outcome};
+    let console = TestConsole::start(false).await;
+    let mut conn = console.db.connect().await;
+    let mut ids = Vec::new();
+    for n in 0..205 {
+        let id = audit::record(
+            &mut conn,
+            NewAction {
+                actor: "olivia",
+                action: "replay",
+                target: serde_json::json!({ "id": n }),
+                estimated: None,
+                affected: 1,
+                outcome: Outcome::Done,
+            },
+        )
+        .await
+        .unwrap();
+        ids.push(id);
+    }
+    let viewer = HttpSession::log_in(&console, VIEWER).await;
+    let first = viewer.get(&console, "/audit").await.text().await.unwrap();
+    assert_eq!(first.matches("<tr><td>").count(), 200);
+    assert!(
+        first.contains("<code>{&quot;id&quot;:204}</code>"),
+        "newest first"
+    );
+    let older = ids[5];
+    let next = format!(r#"<a id="next-page" href="/audit?before={older}">"#);
+    assert!(first.contains(&next), "{first}");
+    let second = viewer
+        .get(&console, &format!("/audit?before={older}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(second.matches("<tr><td>").count(), 5);
+    assert!(
+        second.contains("<code>{&quot;id&quot;:0}</code>"),
+        "{second}"
+    );
+    assert!(!second.contains("next-page"));
+    console.running.stop().await;
+}
+
+#[tokio::test]
 async fn an_ordered_events_key_is_shown_and_a_blocked_keys_dead_head_is_listed_and_skipped() {
     let console = TestConsole::start(false).await;
     let mut conn = console.db.connect().await;

@@ -119,3 +119,22 @@ pub async fn recent(conn: &mut AsyncPgConnection, limit: i64) -> QueryResult<Vec
         .load(conn)
         .await
 }
+
+/// One page of the audit, newest first: at most `limit` actions with an id below `before` (the
+/// last id of the previous page; `None` for the first page). A backward scan of the primary
+/// key that stops after `limit` rows, whatever the page; locks nothing.
+pub async fn page_before(
+    conn: &mut AsyncPgConnection,
+    before: Option<i64>,
+    limit: i64,
+) -> QueryResult<Vec<AuditEntry>> {
+    let mut query = console_audit::table
+        .order_by(console_audit::id.desc())
+        .limit(limit)
+        .select(AuditEntry::as_select())
+        .into_boxed();
+    if let Some(before) = before {
+        query = query.filter(console_audit::id.lt(before));
+    }
+    query.load(conn).await
+}
