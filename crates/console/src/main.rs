@@ -10,9 +10,12 @@ use inbox_core::telemetry::LogArgs;
 /// The operator console: see, search and repair the inbox from a browser.
 ///
 /// Viewers see the overview, the events (filtered by provider, type, state, time, id or body
-/// content) and the audit; operators also replay dead events (one, or every one a filter
-/// selects, in the background) and pause or resume routes. Every flag can also be set through
-/// the environment variable shown next to it.
+/// content), the routes (paused routes, ordering keys blocked by a dead event), the refusals
+/// (deliveries the receiver refused, replays it suppressed) and the audit. Operators also
+/// replay dead events (one, or every one a filter selects, in the background, and abort such
+/// a replay), pause or resume routes, skip a blocked key's dead head and release a suppressed
+/// replay; every repair is audited. Every flag can also be set through the environment
+/// variable shown next to it.
 #[derive(Debug, Parser)]
 #[command(version, propagate_version = true)]
 struct Cli {

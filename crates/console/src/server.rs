@@ -40,8 +40,8 @@ pub struct ServeArgs {
     #[arg(long, env = "CONSOLE_METRICS_LISTEN", default_value = "0.0.0.0:9093")]
     pub metrics_listen: SocketAddr,
     /// File of users who may log in, `name:role:argon2-hash` per line (role viewer or
-    /// operator; `console hash-password` prints a hash).
-    #[arg(long, env = "CONSOLE_USERS_FILE")]
+    /// operator; `console hash-password` prints a hash). Give this or --users, not both.
+    #[arg(long, env = "CONSOLE_USERS_FILE", conflicts_with = "users")]
     pub users_file: Option<PathBuf>,
     /// Users inline, the same entries separated by spaces (instead of a file).
     #[arg(long, env = "CONSOLE_USERS", hide_env_values = true)]
@@ -65,8 +65,15 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     fn load_users(&self) -> anyhow::Result<Users> {
+        // The command line refuses both at once; a caller building these arguments by hand
+        // gets the same refusal rather than one list silently ignored.
         let text = match (&self.users_file, &self.users) {
-            (Some(path), _) => std::fs::read_to_string(path)
+            (Some(_), Some(_)) => {
+                anyhow::bail!(
+                    "give the users in a file (--users-file) or inline (--users), not both"
+                )
+            }
+            (Some(path), None) => std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read users file {}", path.display()))?,
             (None, Some(inline)) => inline.clone(),
             (None, None) => String::new(),
