@@ -21,4 +21,5 @@ pub mod notifier;
 pub mod ordering;
 pub mod providers;
 pub mod rejections;
+pub mod request_span;
 pub mod server;

@@ -21,6 +21,7 @@ use crate::ingest::{IngestMode, IngestSettings, Ingestor, DEFAULT_MAX_BATCH, DEF
 use crate::metrics::Metrics;
 use crate::providers::Providers;
 use crate::rejections::{RejectionLog, RejectionSettings};
+use crate::request_span::RequestSpan;
 
 /// Default body size limit: 1 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -270,7 +271,8 @@ fn webhook_server(
                 // Registered before the logger, so it runs inside it and finds the request id
                 // the logger put in the request's span.
                 .wrap_fn(http::echo_request_id)
-                .wrap(tracing_actix_web::TracingLogger::default())
+                // Its span records the target without query values (Meta's verify token).
+                .wrap(tracing_actix_web::TracingLogger::<RequestSpan>::new())
                 // Registered last, so it runs first: a request's deadline counts from here.
                 .wrap_fn(http::note_arrival);
             let shutting_down = shutting_down.clone();
