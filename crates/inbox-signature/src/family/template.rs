@@ -201,16 +201,34 @@ impl Template {
         }
     }
 
-    /// Checks that every part the signed string uses has its source configured.
+    /// Checks that every part the signed string uses has its source configured, and that
+    /// every source configured is signed: a timestamp outside the signed string protects
+    /// nothing (anyone can set it to now), yet its tolerance would look like replay protection.
     ///
     /// # Errors
-    /// A message naming the missing setting.
+    /// A message naming the missing or unsigned setting.
     pub fn check(&self) -> Result<(), String> {
         if self.signed.contains(&Part::Timestamp) && self.timestamp.is_none() {
             return Err("`signed` uses {timestamp}: set `timestamp_header`".into());
         }
         if self.signed.contains(&Part::Id) && self.id_header.is_none() {
             return Err("`signed` uses {id}: set `id_header`".into());
+        }
+        if self.timestamp.is_some() && !self.signed.contains(&Part::Timestamp) {
+            return Err(
+                "`timestamp_header` is set but `signed` does not use {timestamp}: an unsigned \
+                 timestamp can be rewritten by anyone; add {timestamp} to `signed` or remove \
+                 `timestamp_header`"
+                    .into(),
+            );
+        }
+        if self.id_header.is_some() && !self.signed.contains(&Part::Id) {
+            return Err(
+                "`id_header` is set but `signed` does not use {id}: add {id} to `signed`, or \
+                 remove `id_header` (an event id from an unsigned header is \
+                 `event_id = { header = \"...\" }`)"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -415,6 +433,41 @@ mod tests {
                 Part::Body
             ])
         );
+    }
+
+    fn template(signed: &str) -> Template {
+        Template::body_only(
+            "template",
+            "x-signature",
+            None,
+            DigestEncoding::Hex,
+            Algorithm::Sha256,
+            Profile::fields(Vec::new(), Vec::new()),
+        )
+        .signing(signed)
+    }
+
+    #[test]
+    fn a_timestamp_or_id_header_outside_the_signed_string_is_refused() {
+        let timestamped = |signed| {
+            template(signed).timestamped(
+                "x-timestamp",
+                TimestampFormat::UnixSeconds,
+                Duration::from_secs(300),
+            )
+        };
+        assert!(timestamped("{timestamp}.{body}").check().is_ok());
+        assert!(timestamped("{body}")
+            .check()
+            .is_err_and(|e| e.contains("`timestamp_header` is set but `signed` does not use")));
+        assert!(template("{id}.{body}")
+            .with_id_header("x-id")
+            .check()
+            .is_ok());
+        assert!(template("{body}")
+            .with_id_header("x-id")
+            .check()
+            .is_err_and(|e| e.contains("`id_header` is set but `signed` does not use {id}")));
     }
 
     #[test]

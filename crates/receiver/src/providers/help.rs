@@ -60,8 +60,9 @@ the dedup key. Names: 1-64 characters of a-z, 0-9, '-' and '_'.
   algorithm = "sha1" | "sha256" | "sha512"         (default sha256)
   encoding = "hex" | "base64"                      (default hex)
   prefix = "sha256="                               (optional; required in the header when set)
-  timestamp_header = "X-Timestamp"                 with timestamp_format = "unix" | "unix-ms" | "rfc3339"
-  id_header = "X-Delivery"                         for {id}
+  timestamp_header = "X-Timestamp"                 for {timestamp} (required by it, refused without
+                                                   it), with timestamp_format = "unix" | "unix-ms" | "rfc3339"
+  id_header = "X-Delivery"                         for {id} (required by it, refused without it)
   hex_key = true                                   the secret is hex; the key its bytes
   Scheme "hmac-sha256" is its simplest case: signature_header, encoding, prefix, event_id.
 

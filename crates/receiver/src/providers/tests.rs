@@ -266,3 +266,38 @@ fn providers_sharing_a_secret_are_named_in_pairs() {
     .unwrap_or_else(|err| panic!("{err}"));
     assert_eq!(providers.sharing_a_key(), vec![("github", "shopify")]);
 }
+
+#[test]
+fn a_template_timestamp_or_id_header_that_is_not_signed_is_refused_naming_the_provider() {
+    let err = parse(
+        r#"
+        [providers.acme]
+        scheme = "template"
+        signature_header = "X-Acme-Signature"
+        signed = "{body}"
+        timestamp_header = "X-Acme-Timestamp"
+        event_id = { json_pointer = "/id" }
+        secrets = [{ env = "SECRET" }]
+        "#,
+    )
+    .expect_err("an unsigned timestamp");
+    let message = err.to_string();
+    assert!(message.starts_with("provider \"acme\": "), "{message}");
+    assert!(message.contains("{timestamp}"), "{message}");
+    let err = parse(
+        r#"
+        [providers.acme]
+        scheme = "template"
+        signature_header = "X-Acme-Signature"
+        signed = "{timestamp}.{body}"
+        timestamp_header = "X-Acme-Timestamp"
+        id_header = "X-Acme-Id"
+        event_id = { header = "X-Acme-Id" }
+        secrets = [{ env = "SECRET" }]
+        "#,
+    )
+    .expect_err("an unsigned id header");
+    let message = err.to_string();
+    assert!(message.starts_with("provider \"acme\": "), "{message}");
+    assert!(message.contains("{id}"), "{message}");
+}
