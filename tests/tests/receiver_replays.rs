@@ -217,3 +217,80 @@ async fn once_the_original_is_gone_the_same_body_is_an_event_again() {
         .unwrap()
         .is_empty());
 }
+
+/// Linear signs the body and a timestamp inside it, but its id travels in the unsigned
+/// `Linear-Delivery` header; the template signs a timestamp header but reads its id from
+/// another header. Within the tolerance a copy under a fresh id verifies, so it is a replay.
+const TIMESTAMPED: &str = r#"
+[providers.linear]
+scheme = "linear"
+secrets = [{ env = "LINEAR_SECRET" }]
+
+[providers.acme]
+scheme = "template"
+signature_header = "X-Acme-Signature"
+signed = "{timestamp}.{body}"
+timestamp_header = "X-Acme-Timestamp"
+event_id = { header = "X-Acme-Delivery" }
+secrets = [{ env = "ACME_SECRET" }]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timestamped_body_sent_again_within_its_tolerance_under_a_fresh_id_is_a_replay() {
+    let db = TestDatabase::new().await;
+    let providers = providers(
+        TIMESTAMPED,
+        &[
+            ("LINEAR_SECRET", "lin_wh_test"),
+            ("ACME_SECRET", "acme-test"),
+        ],
+    );
+    let schemes: Vec<(
+        &str,
+        &str,
+        &str,
+        std::sync::Arc<dyn inbox_signature::Scheme>,
+    )> = vec![
+        (
+            "linear",
+            "linear-delivery",
+            "lin_wh_test",
+            providers.get("linear").unwrap().scheme.clone(),
+        ),
+        (
+            "acme",
+            "x-acme-delivery",
+            "acme-test",
+            providers.get("acme").unwrap().scheme.clone(),
+        ),
+    ];
+    let receiver = TestReceiver::start(
+        serve_args(&db, receiver::ingest::IngestMode::GroupCommit),
+        providers,
+    )
+    .await;
+    let body = br#"{"action":"create","type":"Issue","data":{"id":"2174add1"}}"#;
+    for (provider, id_header, secret, scheme) in schemes {
+        let signed = signed_request(&*scheme, secret, "", body, "", unix_now());
+        for delivery in ["d-1", "d-2"] {
+            let mut headers = signed.headers.clone();
+            headers.push((id_header.to_owned(), delivery.to_owned()));
+            let answer = receiver
+                .post_webhook(provider, &headers, signed.body.clone())
+                .await;
+            assert_eq!(answer.json, json!({"status": "accepted"}), "{provider}");
+        }
+        let mut conn = db.connect().await;
+        let stored: Vec<String> = stored_events(&mut conn, provider)
+            .await
+            .into_iter()
+            .map(|event| event.event_id)
+            .collect();
+        assert_eq!(stored, ["d-1"], "{provider}: the copy is not an event");
+        let suppressed = replays::list(&mut conn, Some(provider), None, 10)
+            .await
+            .unwrap();
+        assert_eq!(suppressed.len(), 1, "{provider}");
+        assert_eq!(suppressed[0].event_id, "d-2");
+    }
+}

@@ -1,8 +1,8 @@
-//! Suppressed replays: events of a provider whose signature covers the body only, stored with
-//! a body that was already stored under another id (see [`crate::inbox::replay_key`]). They
-//! keep their dedup key, so a redelivery of their id is a duplicate, and wait in
-//! `inbox_suppressed_replays`, never queued, until an operator releases one or the retention
-//! deletes it.
+//! Suppressed replays: events of a provider whose signature does not cover the event id,
+//! stored with a body that was already stored under another id (see
+//! [`crate::inbox::replay_key`]). They keep their dedup key, so a redelivery of their id is a
+//! duplicate, and wait in `inbox_suppressed_replays`, never queued, until an operator releases
+//! one or the retention deletes it.
 
 use std::time::Duration;
 

@@ -286,6 +286,14 @@ pub trait Scheme: std::fmt::Debug + Send + Sync {
     /// that repeats one of them.
     fn signature_headers(&self) -> Vec<&str>;
 
+    /// The headers whose values the signature covers (lowercase), such as a signed message id
+    /// or timestamp: an event id read from one of them cannot be changed without breaking the
+    /// signature, one read from any other header can. None by default, which errs on the safe
+    /// side: the receiver then treats an id from a header as unsigned and suppresses replays.
+    fn signed_headers(&self) -> Vec<&str> {
+        Vec::new()
+    }
+
     /// Turns a configured secret (or public key) into a key, the way the provider writes it.
     /// Secrets read from files should be trimmed by the caller: a trailing newline would
     /// otherwise become part of the key.

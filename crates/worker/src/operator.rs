@@ -145,9 +145,9 @@ pub enum OperatorCommand {
         db: Database,
     },
     /// Replays suppressed at ingest, newest first: deliveries of a provider whose signature
-    /// covers the body only (GitHub, Shopify, ...) that carried a body already stored under
-    /// another id within the dedup window. Each was answered 200 and never handed to a
-    /// handler; `release` runs one after all.
+    /// does not cover the event id (GitHub, Shopify, Linear, ...) that carried a body already
+    /// stored under another id within the dedup window. Each was answered 200 and never
+    /// handed to a handler; `release` runs one after all.
     Replays {
         /// Only this provider.
         #[arg(long)]

@@ -57,6 +57,10 @@ impl Scheme for SignedTimestamp {
         vec![self.signature_header, self.timestamp_header]
     }
 
+    fn signed_headers(&self) -> Vec<&str> {
+        vec![self.timestamp_header]
+    }
+
     fn key_from_secret(&self, secret: &str) -> Result<SigningKey, KeyError> {
         self.key(secret)
     }

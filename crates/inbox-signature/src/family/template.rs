@@ -255,6 +255,19 @@ impl Template {
         names
     }
 
+    /// The headers the signed string covers: the timestamp's and the id's, when it uses them.
+    #[must_use]
+    pub fn signed_headers(&self) -> Vec<&str> {
+        let mut names = Vec::new();
+        if self.signed.contains(&Part::Timestamp) {
+            names.extend(self.timestamp.as_ref().map(|spec| spec.header.as_str()));
+        }
+        if self.signed.contains(&Part::Id) {
+            names.extend(self.id_header.as_deref());
+        }
+        names
+    }
+
     /// Verifies `request`.
     ///
     /// # Errors
@@ -384,6 +397,10 @@ impl crate::Scheme for Template {
 
     fn signature_headers(&self) -> Vec<&str> {
         self.headers()
+    }
+
+    fn signed_headers(&self) -> Vec<&str> {
+        Template::signed_headers(self)
     }
 
     fn key_from_secret(&self, secret: &str) -> Result<SigningKey, KeyError> {

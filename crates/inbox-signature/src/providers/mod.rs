@@ -315,6 +315,10 @@ macro_rules! template_scheme {
                 self.0.headers()
             }
 
+            fn signed_headers(&self) -> Vec<&str> {
+                self.0.signed_headers()
+            }
+
             fn key_from_secret(&self, secret: &str) -> Result<$crate::SigningKey, $crate::KeyError> {
                 self.0.key(secret)
             }

@@ -114,6 +114,11 @@ impl Scheme for StandardWebhooks {
         ]
     }
 
+    /// The id and timestamp of either spelling: the id is read from the spelling verified.
+    fn signed_headers(&self) -> Vec<&str> {
+        vec![WEBHOOK_ID, WEBHOOK_TIMESTAMP, SVIX_ID, SVIX_TIMESTAMP]
+    }
+
     /// `whsec_<base64>` (or bare base64) is an HMAC secret, `whpk_<base64>` an Ed25519 public
     /// key, `whsk_<base64>` an Ed25519 private key (its first 32 bytes are the seed).
     fn key_from_secret(&self, secret: &str) -> Result<SigningKey, KeyError> {

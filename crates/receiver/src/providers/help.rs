@@ -37,9 +37,9 @@ the dedup key. Names: 1-64 characters of a-z, 0-9, '-' and '_'.
                              a body already stored under another id (same type, within the
                              dedup window) is a replay: stored apart, answered 200, never
                              processed until `worker release`. Default: on where a seen delivery
-                             could be sent again under a fresh id (the scheme signs the body but
-                             no timestamp, URL or id, and the id may come from a header: github,
-                             shopify, woocommerce, ...); off elsewhere
+                             could be sent again under a fresh id (the id may come from a header
+                             the signature does not cover, timestamp or not: github, shopify,
+                             woocommerce, linear, ...); off elsewhere
 
   [providers.<name>.ordering]      opt-in: one event at a time per key, in sequence order
   key = { json_pointer = "/data/object/id" } | { header = "X-Entity" }

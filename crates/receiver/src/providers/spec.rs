@@ -141,23 +141,22 @@ pub(super) fn build_provider(
 }
 
 /// Whether anyone who saw one delivery could send it again as a new event, which is when
-/// replays are suppressed unless the file says otherwise: the scheme signs the body but no
-/// timestamp, nor the URL, nor the id, and the id may come from a header. Where the id is read
-/// from the signed body a copy carries the same id and is a duplicate already; providers with
-/// no id (Dropbox) or that sign the URL (Twilio) legitimately send one body more than once; a
-/// static credential or no signature at all lets its holder send anything.
+/// replays are suppressed unless the file says otherwise: the event id may come from a header
+/// the signature does not cover, so a copy of the signed body under a fresh id still verifies.
+/// A signed timestamp does not prevent it: within its tolerance (Linear's 60 s, a template's
+/// 5 min) the copy is as good as the original. Where the id is read from the signed body or a
+/// signed header, a copy carries the same id and is a duplicate already; providers with no id
+/// (Dropbox) or that sign the URL (Twilio) legitimately send one body more than once; a static
+/// credential or no signature at all lets its holder send anything.
 fn replayable_under_new_ids(spec: &ProviderSpec, scheme: &dyn Scheme, identity: &Identity) -> bool {
-    let id_from_header = matches!(identity, Identity::Fields { event_id, .. }
-        if event_id.iter().any(|source| matches!(source, FieldSource::Header(_))));
+    let signed = scheme.signed_headers();
+    let id_from_unsigned_header = matches!(identity, Identity::Fields { event_id, .. }
+        if event_id.iter().any(|source| matches!(source, FieldSource::Header(name)
+            if !signed.iter().any(|signed| signed.eq_ignore_ascii_case(name)))));
     !spec.unsigned
-        && scheme.tolerance().is_none()
         && scheme.family() != Family::Credential
         && !scheme.profile().signs_url
-        && !spec
-            .signed
-            .as_deref()
-            .is_some_and(|signed| signed.contains("{id}"))
-        && id_from_header
+        && id_from_unsigned_header
 }
 
 fn lowercase(names: &[String]) -> Vec<String> {

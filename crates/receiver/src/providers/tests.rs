@@ -190,10 +190,11 @@ fn the_example_file_parses_as_shipped_and_with_every_provider_uncommented() {
     assert_eq!(stripe.key_names, ["current", "previous"]);
 
     // Replays are suppressed by default exactly where a seen delivery could be sent again
-    // under a fresh id: body-only signatures whose id comes from an unsigned header. Not where
-    // the id is in the signed body (demo, typeform, intercom: a copy is a duplicate), a
-    // timestamp, the URL or the id is signed, a static credential is compared, or there is no
-    // id at all (dropbox, whose identical bodies are legitimate).
+    // under a fresh id: the id comes from a header the signature does not cover, timestamped
+    // or not (linear, acme). Not where the id is in the signed body (demo, typeform, intercom,
+    // stripe: a copy is a duplicate) or a signed header (svix, twitch), the URL is signed, a
+    // static credential is compared, or there is no id at all (dropbox, whose identical bodies
+    // are legitimate).
     let suppressing: Vec<&str> = all
         .iter()
         .filter(|provider| provider.suppress_replays)
@@ -201,7 +202,15 @@ fn the_example_file_parses_as_shipped_and_with_every_provider_uncommented() {
         .collect();
     assert_eq!(
         suppressing,
-        ["github", "jira", "razorpay", "shopify", "woocommerce"]
+        [
+            "acme",
+            "github",
+            "jira",
+            "linear",
+            "razorpay",
+            "shopify",
+            "woocommerce"
+        ]
     );
 }
 
@@ -239,6 +248,63 @@ fn the_provider_file_can_turn_replay_suppression_on_or_off() {
     assert!(suppresses("demo"));
     assert!(suppresses("acme"), "an unsigned id header, by default");
     assert!(!suppresses("signed-id"), "the id is signed");
+}
+
+#[test]
+fn replays_are_suppressed_where_the_id_is_unsigned_whatever_the_tolerance() {
+    let providers = parse(
+        r#"
+        [providers.linear]
+        scheme = "linear"
+        secrets = [{ env = "SECRET" }]
+        [providers.timestamped]
+        scheme = "template"
+        signature_header = "X-Signature"
+        signed = "{timestamp}.{body}"
+        timestamp_header = "X-Timestamp"
+        event_id = { header = "X-Delivery" }
+        secrets = [{ env = "SECRET" }]
+        [providers.signed-id]
+        scheme = "template"
+        signature_header = "X-Signature"
+        signed = "{timestamp}.{id}.{body}"
+        timestamp_header = "X-Timestamp"
+        id_header = "X-Delivery"
+        event_id = { header = "x-delivery" }
+        secrets = [{ env = "SECRET" }]
+        [providers.other-header]
+        scheme = "template"
+        signature_header = "X-Signature"
+        signed = "{id}.{body}"
+        id_header = "X-Delivery"
+        event_id = { header = "X-Other" }
+        secrets = [{ env = "SECRET" }]
+        [providers.stripe]
+        scheme = "stripe"
+        secrets = [{ env = "SECRET" }]
+        [providers.svix]
+        scheme = "standard-webhooks"
+        secrets = [{ env = "WHSEC" }]
+        [providers.twitch]
+        scheme = "twitch"
+        secrets = [{ env = "SECRET" }]
+        "#,
+    )
+    .expect("valid file");
+    let suppresses = |name: &str| providers.get(name).expect(name).suppress_replays;
+    assert!(suppresses("linear"), "Linear-Delivery is not signed");
+    assert!(
+        suppresses("timestamped"),
+        "a signed timestamp, an unsigned id"
+    );
+    assert!(!suppresses("signed-id"), "the id header is signed");
+    assert!(
+        suppresses("other-header"),
+        "the id is read from another header"
+    );
+    assert!(!suppresses("stripe"), "the id is in the signed body");
+    assert!(!suppresses("svix"), "webhook-id is signed");
+    assert!(!suppresses("twitch"), "the message id is signed");
 }
 
 #[test]
