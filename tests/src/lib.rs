@@ -507,7 +507,7 @@ impl RawAnswer {
 }
 
 /// Reads one HTTP/1.1 answer from `stream` (bounded by 10 s).
-pub async fn read_raw_answer(stream: &mut tokio::net::TcpStream) -> RawAnswer {
+pub async fn read_raw_answer(stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> RawAnswer {
     use tokio::io::AsyncReadExt as _;
     let mut received = Vec::new();
     let read = async {

@@ -1,13 +1,14 @@
 //! The global budget of request body bytes in flight: memory stays bounded whatever arrives.
 //!
-//! A request reserves its declared `Content-Length` before a byte of its body is read (a body
-//! without one reserves chunk by chunk as it arrives); when the budget cannot cover it, the
-//! request is answered 503 with `Retry-After` at once, its body unread, so the provider
-//! retries later instead of every connection holding a megabyte. The reservation lasts until
-//! the answer, covering the body's copies on its way to the database.
+//! A request reserves bytes as its body arrives, covering the buffer that holds them: a
+//! declared `Content-Length` is a promise, not bytes, so idle or slow senders hold only what
+//! they have sent. When the budget cannot cover the next chunk, the request is answered 503
+//! with `Retry-After` at once, the rest of its body unread, so the provider retries later. The
+//! reservation lasts until the answer, covering the body's copies on its way to the database.
 //!
-//! Large bodies leave a quarter of the budget to small ones: a flood of large uploads, signed
-//! or not, cannot turn away the small webhooks most providers send.
+//! Large bodies (declaring, or reaching, more than 64 KiB) leave a quarter of the budget to
+//! small ones: a flood of large uploads, signed or not, cannot turn away the small webhooks
+//! most providers send.
 
 use std::sync::Arc;
 
@@ -30,6 +31,9 @@ pub struct BodyBudget {
 #[derive(Debug)]
 pub struct Reservation {
     permit: Option<OwnedSemaphorePermit>,
+    /// The body's declared length (0 when unknown): a body declaring more than
+    /// [`SMALL_BODY_BYTES`] is large from its first byte.
+    declared: usize,
     in_flight: IntGauge,
 }
 
@@ -52,8 +56,7 @@ impl Drop for Reservation {
 impl BodyBudget {
     /// A budget of `total` bytes; `in_flight` follows what is reserved.
     pub fn new(total: usize, in_flight: IntGauge) -> Self {
-        // A semaphore holds at most `Semaphore::MAX_PERMITS`.
-        let total = total.clamp(1, Semaphore::MAX_PERMITS);
+        let total = usable(total);
         Self {
             bytes: Arc::new(Semaphore::new(total)),
             headroom: total / 4,
@@ -61,10 +64,11 @@ impl BodyBudget {
         }
     }
 
-    /// An empty reservation, to grow as a body of unknown length arrives.
-    pub fn empty(&self) -> Reservation {
+    /// An empty reservation, to grow as a body arrives; `declared` is its `Content-Length`.
+    pub fn empty(&self, declared: Option<usize>) -> Reservation {
         Reservation {
             permit: None,
+            declared: declared.unwrap_or(0),
             in_flight: self.in_flight.clone(),
         }
     }
@@ -75,7 +79,7 @@ impl BodyBudget {
         if bytes == 0 {
             return true;
         }
-        let total = reservation.bytes() + bytes;
+        let total = (reservation.bytes() + bytes).max(reservation.declared);
         let keep_free = if total <= SMALL_BODY_BYTES {
             0
         } else {
@@ -99,6 +103,11 @@ impl BodyBudget {
     }
 }
 
+/// `total` as a semaphore can hold it (at most `Semaphore::MAX_PERMITS`).
+fn usable(total: usize) -> usize {
+    total.clamp(1, Semaphore::MAX_PERMITS)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,14 +122,14 @@ mod tests {
     #[test]
     fn large_bodies_leave_a_quarter_to_small_ones_and_give_bytes_back_when_done() {
         let budget = budget(1024 * 1024);
-        let mut large = budget.empty();
+        let mut large = budget.empty(None);
         assert!(budget.grow(&mut large, 700 * 1024));
-        let mut second_large = budget.empty();
+        let mut second_large = budget.empty(None);
         assert!(
             !budget.grow(&mut second_large, 100 * 1024),
             "would eat into the small bodies' quarter"
         );
-        let mut small = budget.empty();
+        let mut small = budget.empty(None);
         assert!(budget.grow(&mut small, 60 * 1024), "small bodies still fit");
         assert_eq!(budget.in_flight.get(), 760 * 1024);
         drop(large);
@@ -129,9 +138,23 @@ mod tests {
     }
 
     #[test]
+    fn a_body_declared_large_leaves_the_small_bodies_quarter_from_its_first_byte() {
+        let budget = budget(256 * 1024);
+        let mut held = budget.empty(None);
+        assert!(budget.grow(&mut held, 192 * 1024));
+        let mut large = budget.empty(Some(100 * 1024));
+        assert!(
+            !budget.grow(&mut large, 1024),
+            "64 KiB left: the quarter kept for small bodies"
+        );
+        let mut small = budget.empty(Some(1024));
+        assert!(budget.grow(&mut small, 1024));
+    }
+
+    #[test]
     fn a_body_growing_chunk_by_chunk_is_refused_once_it_no_longer_fits() {
         let budget = budget(256 * 1024);
-        let mut body = budget.empty();
+        let mut body = budget.empty(None);
         assert!(budget.grow(&mut body, 32 * 1024));
         assert!(budget.grow(&mut body, 32 * 1024));
         assert!(budget.grow(&mut body, 100 * 1024));

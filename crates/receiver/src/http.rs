@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
 use actix_web::http::header::{self, HeaderMap};
 use actix_web::{web, HttpMessage as _, HttpRequest, HttpResponse};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::StreamExt;
 use inbox_core::db::PgPool;
 use inbox_core::rejections::NewRejection;
@@ -27,9 +27,6 @@ use crate::ingest::Ingestor;
 use crate::metrics::{Metrics, UNKNOWN_PROVIDER};
 use crate::providers::{FieldSource, Identity, Provider, Providers};
 use crate::rejections::RejectionLog;
-
-/// Body bytes reserved before any arrive; the buffer grows as the body does.
-const INITIAL_BODY_CAPACITY: usize = 64 * 1024;
 
 /// Request limits.
 #[derive(Debug, Clone, Copy)]
@@ -288,17 +285,14 @@ async fn handshake_get(
 }
 
 /// Reads the whole body within the size and time limits and the budget of bytes in flight. A
-/// declared length over the limit, or over what the budget has left, is refused before a
-/// byte is read.
+/// declared length over the limit is refused before a byte is read; the budget is drawn on as
+/// the body arrives, so a connection that declares a length and idles holds nothing of it.
 async fn read_body(
     headers: &HeaderMap,
     mut payload: web::Payload,
     state: &AppState,
 ) -> Result<(Bytes, Reservation), ApiError> {
     let limits = &state.limits;
-    let busy = || ApiError::Busy {
-        retry_after_secs: limits.retry_after_secs,
-    };
     let limit = limits.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -307,36 +301,35 @@ async fn read_body(
     if declared.is_some_and(|length| length > limit as u64) {
         return Err(ApiError::BodyTooLarge { limit });
     }
-    let mut reservation = state.budget.empty();
     // Within the limit, so it fits a usize.
-    let declared_bytes = declared.and_then(|length| usize::try_from(length).ok());
-    if let Some(length) = declared_bytes {
-        if !state.budget.grow(&mut reservation, length) {
-            state.metrics.budget_refusals.inc();
-            return Err(busy());
-        }
-    }
-    // A declared length is a promise, not bytes: reserving all of it up front would let idle
-    // connections that each declare the limit hold the limit in memory each.
-    let capacity = declared.map_or(INITIAL_BODY_CAPACITY, |length| {
-        usize::try_from(length).map_or(INITIAL_BODY_CAPACITY, |length| {
-            length.min(INITIAL_BODY_CAPACITY)
-        })
-    });
-    let mut body = BytesMut::with_capacity(capacity);
+    let declared = declared.and_then(|length| usize::try_from(length).ok());
+    let mut reservation = state.budget.empty(declared);
+    // The buffer grows no further than the body can: its declared length, else the limit.
+    let most = declared.map_or(limit, |length| length.min(limit));
+    let mut body: Vec<u8> = Vec::new();
     let deadline = tokio::time::Instant::now() + limits.body_timeout;
     loop {
         match tokio::time::timeout_at(deadline, payload.next()).await {
             Err(_elapsed) => return Err(ApiError::BodyTimeout(limits.body_timeout)),
-            Ok(None) => return Ok((body.freeze(), reservation)),
+            Ok(None) => return Ok((Bytes::from(body), reservation)),
             Ok(Some(Err(_))) => return Err(ApiError::BodyUnreadable),
             Ok(Some(Ok(chunk))) => {
-                if body.len() + chunk.len() > limit {
+                let needed = body.len() + chunk.len();
+                if needed > limit {
                     return Err(ApiError::BodyTooLarge { limit });
                 }
-                if declared_bytes.is_none() && !state.budget.grow(&mut reservation, chunk.len()) {
-                    state.metrics.budget_refusals.inc();
-                    return Err(busy());
+                if needed > body.capacity() {
+                    // The reservation covers the buffer, which doubles (few copies) but never
+                    // past `most`.
+                    let capacity = needed.max(body.capacity().saturating_mul(2).min(most));
+                    let more = capacity.saturating_sub(reservation.bytes());
+                    if !state.budget.grow(&mut reservation, more) {
+                        state.metrics.budget_refusals.inc();
+                        return Err(ApiError::Busy {
+                            retry_after_secs: limits.retry_after_secs,
+                        });
+                    }
+                    body.reserve_exact(capacity - body.len());
                 }
                 body.extend_from_slice(&chunk);
             }

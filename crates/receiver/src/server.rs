@@ -79,9 +79,10 @@ pub struct ServeArgs {
     /// Largest request body accepted; larger ones are answered 413.
     #[arg(long, env = "RECEIVER_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
-    /// Body bytes that requests in flight may hold together (declared lengths, reserved before
-    /// the body is read); a request that would exceed it is answered 503 with Retry-After
-    /// without reading its body. Bodies over 64 KiB may use only three quarters of it.
+    /// Body bytes that requests in flight may hold together (reserved as bodies arrive, so a
+    /// declared length costs nothing until its bytes come); a request whose next bytes would
+    /// exceed it is answered 503 with Retry-After, the rest of its body unread. Bodies over
+    /// 64 KiB may use only three quarters of it.
     #[arg(long, env = "RECEIVER_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT)]
     pub max_body_bytes_in_flight: usize,
     /// Open connections accepted at once, over every HTTP worker; past it new connections
