@@ -142,6 +142,26 @@ async fn a_body_the_budget_cannot_take_as_it_arrives_is_refused_and_small_webhoo
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_limit_the_budget_could_never_hold_refuses_to_start() {
+    let db = TestDatabase::new().await;
+    let mut args = serve_args(&db, IngestMode::GroupCommit);
+    args.max_body_bytes = MIB;
+    args.max_body_bytes_in_flight = MIB;
+    let refused = receiver::server::start(
+        &args,
+        providers(DEMO_PROVIDERS, &[("DEMO_SECRET", DEMO_SECRET)]),
+    )
+    .await
+    .expect_err("1 MiB bodies never fit three quarters of 1 MiB");
+    let message = refused.to_string();
+    assert!(message.contains("--max-body-bytes (1048576)"), "{message}");
+    assert!(
+        message.contains("--max-body-bytes-in-flight (1048576)"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_commit_statements_are_bounded_in_body_bytes() {
     let db = TestDatabase::new().await;
     let mut args = serve_args(&db, IngestMode::GroupCommit);

@@ -8,7 +8,8 @@
 //!
 //! Large bodies (declaring, or reaching, more than 64 KiB) leave a quarter of the budget to
 //! small ones: a flood of large uploads, signed or not, cannot turn away the small webhooks
-//! most providers send.
+//! most providers send. Start-up refuses a `--max-body-bytes` that could never fit
+//! ([`BodyBudget::largest_body`]).
 
 use std::sync::Arc;
 
@@ -61,6 +62,19 @@ impl BodyBudget {
             bytes: Arc::new(Semaphore::new(total)),
             headroom: total / 4,
             in_flight,
+        }
+    }
+
+    /// The largest body a budget of `total` bytes can ever take, when nothing else is in
+    /// flight: all of it for a small body, three quarters for a large one.
+    #[must_use]
+    pub fn largest_body(total: usize) -> usize {
+        let total = usable(total);
+        let large = total - total / 4;
+        if large > SMALL_BODY_BYTES {
+            large
+        } else {
+            total.min(SMALL_BODY_BYTES)
         }
     }
 
@@ -149,6 +163,20 @@ mod tests {
         );
         let mut small = budget.empty(Some(1024));
         assert!(budget.grow(&mut small, 1024));
+    }
+
+    #[test]
+    fn the_largest_body_is_three_quarters_of_the_budget_or_all_of_a_small_one() {
+        assert_eq!(BodyBudget::largest_body(4 * 1024 * 1024), 3 * 1024 * 1024);
+        assert_eq!(BodyBudget::largest_body(64 * 1024), 64 * 1024);
+        assert_eq!(BodyBudget::largest_body(80 * 1024), 64 * 1024);
+        assert_eq!(BodyBudget::largest_body(1000), 1000);
+        let budget = budget(4 * 1024 * 1024);
+        let mut body = budget.empty(Some(3 * 1024 * 1024));
+        assert!(budget.grow(&mut body, 3 * 1024 * 1024));
+        let mut over = budget.empty(None);
+        drop(body);
+        assert!(!budget.grow(&mut over, 3 * 1024 * 1024 + 1));
     }
 
     #[test]

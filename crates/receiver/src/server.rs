@@ -82,7 +82,7 @@ pub struct ServeArgs {
     /// Body bytes that requests in flight may hold together (reserved as bodies arrive, so a
     /// declared length costs nothing until its bytes come); a request whose next bytes would
     /// exceed it is answered 503 with Retry-After, the rest of its body unread. Bodies over
-    /// 64 KiB may use only three quarters of it.
+    /// 64 KiB may use only three quarters of it, which must hold --max-body-bytes.
     #[arg(long, env = "RECEIVER_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = DEFAULT_MAX_BODY_BYTES_IN_FLIGHT)]
     pub max_body_bytes_in_flight: usize,
     /// Open connections accepted at once, over every HTTP worker; past it new connections
@@ -158,6 +158,7 @@ impl RunningReceiver {
 
 /// Binds both listeners and starts serving. Must run inside a tokio runtime.
 pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<RunningReceiver> {
+    check_body_limits(args.max_body_bytes, args.max_body_bytes_in_flight)?;
     let metrics = Metrics::new();
     let pool = args.db.pool().context("reading the database settings")?;
     let connection = args
@@ -243,6 +244,35 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
     })
 }
 
+/// Refuses a body limit the budget of bytes in flight could never take: bodies between the two
+/// would be answered 503 on every retry, forever, instead of 413 once.
+pub fn check_body_limits(max_body_bytes: usize, in_flight: usize) -> anyhow::Result<()> {
+    let largest = BodyBudget::largest_body(in_flight);
+    if max_body_bytes > largest {
+        anyhow::bail!(
+            "--max-body-bytes ({max_body_bytes}) is more than --max-body-bytes-in-flight \
+             ({in_flight}) can ever hold for one body ({largest}: bodies over 64 KiB may use only \
+             three quarters of it): raise --max-body-bytes-in-flight to at least {} or lower \
+             --max-body-bytes",
+            in_flight_for(max_body_bytes)
+        );
+    }
+    Ok(())
+}
+
+/// The smallest budget whose largest body is `max_body_bytes`.
+fn in_flight_for(max_body_bytes: usize) -> usize {
+    if max_body_bytes <= crate::budget::SMALL_BODY_BYTES {
+        return max_body_bytes;
+    }
+    // total - total / 4 >= max: from just below max * 4 / 3, up until it holds.
+    let mut total = (max_body_bytes.saturating_mul(4) / 3).saturating_sub(2);
+    while BodyBudget::largest_body(total) < max_body_bytes && total < usize::MAX {
+        total += 1;
+    }
+    total
+}
+
 /// The webhook server: the app, served by actix-http over connections read through a
 /// [`ConnectionGuard`] (rather than by `HttpServer`, which offers no way to wrap them).
 fn webhook_server(
@@ -324,5 +354,52 @@ async fn record_ordering_policies(pool: &inbox_core::db::PgPool, providers: &Pro
     .await;
     if let Err(err) = result {
         tracing::warn!(error = %err, "recording the ordered providers' policies failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_limit_the_budget_can_never_hold_refuses_to_start_naming_both_flags() {
+        assert!(
+            check_body_limits(DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BODY_BYTES_IN_FLIGHT).is_ok()
+        );
+        assert!(check_body_limits(3 * 1024 * 1024, 4 * 1024 * 1024).is_ok());
+        let err = check_body_limits(3 * 1024 * 1024 + 1, 4 * 1024 * 1024)
+            .expect_err("over three quarters");
+        let message = err.to_string();
+        assert!(message.contains("--max-body-bytes (3145729)"), "{message}");
+        assert!(
+            message.contains("--max-body-bytes-in-flight (4194304)"),
+            "{message}"
+        );
+        assert!(message.contains("at least 4194305"), "{message}");
+        assert!(
+            check_body_limits(64 * 1024, 64 * 1024).is_ok(),
+            "a small body may use all"
+        );
+        assert!(check_body_limits(64 * 1024 + 1, 80 * 1024).is_err());
+    }
+
+    #[test]
+    fn the_budget_suggested_holds_the_body_limit() {
+        for max in [
+            1000,
+            64 * 1024,
+            64 * 1024 + 1,
+            100_000,
+            1024 * 1024,
+            3_000_001,
+        ] {
+            let total = in_flight_for(max);
+            assert!(BodyBudget::largest_body(total) >= max, "{max} in {total}");
+            assert!(
+                BodyBudget::largest_body(total - 1) < max,
+                "{max} in {}",
+                total - 1
+            );
+        }
     }
 }
