@@ -104,6 +104,13 @@ async fn main() -> anyhow::Result<()> {
                     }
                 );
             }
+            for (name, tolerance) in providers.wide_tolerances() {
+                println!(
+                    "warning: provider {name} accepts timestamps {} away: a captured delivery \
+                     verifies that long; keep `tolerance` within a day",
+                    humantime::format_duration(tolerance)
+                );
+            }
             for (first, second) in providers.sharing_a_key() {
                 println!(
                     "warning: providers {first} and {second} share a secret: deliveries to one \
@@ -174,6 +181,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             first,
             second,
             "two providers share a secret: deliveries to one verify on the other's path too"
+        );
+    }
+    for (name, tolerance) in providers.wide_tolerances() {
+        tracing::warn!(
+            provider = name,
+            tolerance = %humantime::format_duration(tolerance),
+            "provider accepts timestamps over a day away: a captured delivery verifies that long"
         );
     }
     for provider in providers.iter().filter(|p| p.unsigned) {

@@ -21,7 +21,8 @@ the dedup key. Names: 1-64 characters of a-z, 0-9, '-' and '_'.
                              public keys, inline; never fetched at request time
   unsigned = true            accept unverified requests (local development only; no secrets)
   tolerance = "5m"           schemes with a signed timestamp: accepted clock distance, both ways
-                             (defaults: 5m; paddle 5s, linear 60s, twitch 10m)
+                             (defaults: 5m; paddle 5s, linear 60s, twitch 10m; more than 0s,
+                             and check-config warns past a day)
   public_url = "https://..." twilio, square, hubspot: the URL the provider calls (and signs);
                              without it the URL is rebuilt from the request's Host and path
   verify_token = { env = "VAR" }   meta: the token of the GET hub.challenge handshake

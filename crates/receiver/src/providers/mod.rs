@@ -41,6 +41,11 @@ pub use help::PROVIDER_FILE_HELP;
 
 pub use inbox_core::limits::{MAX_EVENT_ID_CHARS, MAX_PROVIDER_CHARS};
 
+/// The widest `tolerance` that still protects anything: past a day, a captured delivery stays
+/// valid for as long as its signature does. Wider ones load (the published vectors' tests need
+/// years) but `check-config` and `serve` warn about them.
+pub const MAX_SENSIBLE_TOLERANCE: std::time::Duration = std::time::Duration::from_secs(86_400);
+
 /// Form field that keys Slack's form-encoded bodies (slash commands), unless configured.
 pub const DEFAULT_SLACK_FORM_ID_FIELD: &str = "trigger_id";
 
@@ -216,6 +221,19 @@ impl Providers {
     /// Whether no provider is configured.
     pub fn is_empty(&self) -> bool {
         self.by_name.is_empty()
+    }
+
+    /// Providers (by name) whose timestamp tolerance is over [`MAX_SENSIBLE_TOLERANCE`], with it.
+    pub fn wide_tolerances(&self) -> Vec<(&str, std::time::Duration)> {
+        self.iter()
+            .filter_map(|provider| {
+                provider
+                    .scheme
+                    .tolerance()
+                    .filter(|tolerance| *tolerance > MAX_SENSIBLE_TOLERANCE)
+                    .map(|tolerance| (provider.name.as_str(), tolerance))
+            })
+            .collect()
     }
 
     /// Pairs of providers (by name) that share a secret or key: each one's deliveries verify

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::str::FromStr as _;
 use std::time::Duration;
 
 use inbox_signature::providers::{self, Options, TemplateOptions};
@@ -174,6 +175,9 @@ fn scheme_options(
         .as_ref()
         .map(|source| read_secret(source, path, env))
         .transpose()?;
+    if spec.tolerance.is_some_and(|tolerance| tolerance.is_zero()) {
+        return Err("`tolerance` must be more than 0s: every timestamp would be refused".into());
+    }
     Ok(Options {
         tolerance: spec.tolerance,
         template: template_options(spec)?,
@@ -190,6 +194,16 @@ fn template_options(spec: &ProviderSpec) -> Result<Option<TemplateOptions>, Stri
         || spec.timestamp_format.is_some()
         || spec.id_header.is_some()
         || spec.hex_key.is_some();
+    for name in [
+        &spec.signature_header,
+        &spec.timestamp_header,
+        &spec.id_header,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        check_header_name(name)?;
+    }
     let Some(signature_header) = spec.signature_header.clone() else {
         if any {
             return Err(
@@ -230,13 +244,7 @@ fn identity(spec: &ProviderSpec, scheme: &dyn Scheme) -> Result<Identity, String
         return Err("`form_event_id_field` applies only to scheme slack".into());
     }
     for source in spec.event_id.iter().chain(&spec.event_type) {
-        if let FieldSource::JsonPointer(pointer) = source {
-            if !pointer.is_empty() && !pointer.starts_with('/') {
-                return Err(format!(
-                    "JSON pointer {pointer:?} must be empty or start with '/'"
-                ));
-            }
-        }
+        check_source(source)?;
     }
     let profile = scheme.profile();
     if scheme.name() == "slack" && spec.event_id.is_none() {
@@ -268,6 +276,37 @@ fn identity(spec: &ProviderSpec, scheme: &dyn Scheme) -> Result<Identity, String
         event_id,
         event_type,
     })
+}
+
+/// Refuses a source no request could ever satisfy, which would otherwise pass the check and
+/// then answer every delivery 400: a pointer without its leading `/`, a header name HTTP does
+/// not allow (a space, a colon), an empty list of pointers.
+fn check_source(source: &FieldSource) -> Result<(), String> {
+    match source {
+        FieldSource::JsonPointer(pointer) => check_pointer(pointer),
+        FieldSource::JsonPointers(pointers) if pointers.is_empty() => {
+            Err("`json_pointers` needs at least one pointer".into())
+        }
+        FieldSource::JsonPointers(pointers) => pointers.iter().try_for_each(|p| check_pointer(p)),
+        FieldSource::Header(name) => check_header_name(name),
+        FieldSource::FormField(_) | FieldSource::EveryDelivery => Ok(()),
+    }
+}
+
+fn check_pointer(pointer: &str) -> Result<(), String> {
+    if pointer.is_empty() || pointer.starts_with('/') {
+        Ok(())
+    } else {
+        Err(format!(
+            "JSON pointer {pointer:?} must be empty or start with '/'"
+        ))
+    }
+}
+
+fn check_header_name(name: &str) -> Result<(), String> {
+    actix_web::http::header::HeaderName::from_str(name)
+        .map(drop)
+        .map_err(|_| format!("{name:?} is not a valid HTTP header name"))
 }
 
 fn check_public_url(url: Option<&str>) -> Result<Option<String>, String> {

@@ -367,3 +367,69 @@ fn a_template_timestamp_or_id_header_that_is_not_signed_is_refused_naming_the_pr
     assert!(message.starts_with("provider \"acme\": "), "{message}");
     assert!(message.contains("{id}"), "{message}");
 }
+
+#[test]
+fn sources_no_request_could_satisfy_are_refused_at_load() {
+    let with = |setting: &str| {
+        parse(&format!(
+            "[providers.x]\nscheme = \"hmac-sha256\"\nsignature_header = \"X-Sig\"\n\
+             secrets = [{{ env = \"SECRET\" }}]\n{setting}\n"
+        ))
+    };
+    for (setting, named) in [
+        (r#"event_id = { json_pointers = ["id", "type"] }"#, "\"id\""),
+        (
+            r#"event_id = { json_pointers = ["/id", "type"] }"#,
+            "\"type\"",
+        ),
+        (r#"event_id = { json_pointers = [] }"#, "at least one"),
+        (r#"event_id = { json_pointer = "id" }"#, "\"id\""),
+        (r#"event_id = { header = "X Bad Name" }"#, "\"X Bad Name\""),
+        (
+            "event_id = { json_pointer = \"/id\" }\nevent_type = { header = \"X-Type:\" }",
+            "\"X-Type:\"",
+        ),
+    ] {
+        let err = with(setting).expect_err(setting);
+        let message = err.to_string();
+        assert!(message.starts_with("provider \"x\": "), "{message}");
+        assert!(message.contains(named), "{setting}: {message}");
+    }
+    assert!(with(r#"event_id = { header = "X-Acme-Id" }"#).is_ok());
+    assert!(with(r#"event_id = { json_pointers = ["/a", "/b"] }"#).is_ok());
+    let err = parse(
+        "[providers.x]\nscheme = \"template\"\nsignature_header = \"X Sig\"\n\
+         event_id = { json_pointer = \"/id\" }\nsecrets = [{ env = \"SECRET\" }]\n",
+    )
+    .expect_err("a bad signature header");
+    assert!(err.to_string().contains("\"X Sig\""), "{err}");
+}
+
+#[test]
+fn a_zero_tolerance_is_refused_and_one_over_a_day_is_named() {
+    let err = parse("[providers.x]\nscheme = \"stripe\"\ntolerance = \"0s\"\nsecrets = [{ env = \"SECRET\" }]\n")
+        .expect_err("zero");
+    assert!(
+        err.to_string().contains("`tolerance` must be more than 0s"),
+        "{err}"
+    );
+    let providers = parse(
+        r#"
+        [providers.wide]
+        scheme = "stripe"
+        tolerance = "100years"
+        secrets = [{ env = "SECRET" }]
+        [providers.day]
+        scheme = "stripe"
+        tolerance = "1day"
+        secrets = [{ env = "SECRET" }]
+        "#,
+    )
+    .expect("wide tolerances load");
+    let wide: Vec<&str> = providers
+        .wide_tolerances()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(wide, ["wide"]);
+}
