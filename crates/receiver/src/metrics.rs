@@ -56,7 +56,7 @@ pub struct Metrics {
     /// (queue_full), or the write failed (write_failed).
     pub rejections_unrecorded: IntCounterVec,
     /// `inbox_receiver_replays_suppressed_total{provider}`: events whose body was already
-    /// stored under another id (whatever the type) within the dedup window, stored as
+    /// stored under another id of the same type within the dedup window, stored as
     /// suppressed replays and not handed to a handler.
     pub replays_suppressed: IntCounterVec,
 }

@@ -28,9 +28,9 @@ pub struct NewEvent {
     pub body_sha256: [u8; 32],
     /// Its place among its key's events, when its provider orders them.
     pub ordering: Option<EventOrdering>,
-    /// Whether the same body under another event id (same provider, whatever the type, within
-    /// the dedup window) is a replay, kept apart and never handed to a handler: set for
-    /// providers whose signature covers the body but not the id (see [`replay_key`]).
+    /// Whether the same body under another event id (same provider and type, within the dedup
+    /// window) is a replay, kept apart and never handed to a handler: set for providers whose
+    /// signature covers the body but not the id (see [`replay_key`]).
     pub suppress_replays: bool,
 }
 
@@ -52,26 +52,16 @@ pub fn ordering_key(provider: &str, value: &str) -> String {
     format!("{provider}:{value}")
 }
 
-/// The replay key of an event whose provider suppresses replays: SHA-256 of its provider, an
-/// empty type and its body's SHA-256, each length-prefixed. Unique among the dedup keys
-/// (`inbox_dedup_replay_key`), so a second event with the same one conflicts at insert.
-///
-/// The event type is left out. Where it comes from an unsigned header (GitHub's
-/// `X-GitHub-Event`, Shopify's `X-Shopify-Topic`, WooCommerce's `X-WC-Webhook-Topic`), a copy
-/// sent under another type would otherwise pass as a new event and reach a handler, a double
-/// effect nobody sees; where it comes from the signed body, the body decides it already. The
-/// price: a provider that sends one body under two types (Shopify's `products/create` and
-/// `products/update` for one change) has the second kept as a suppressed replay, counted and
-/// logged, until an operator releases it, rather than processed.
-///
-/// Keys stored before the type was left out hashed it (`inbox_dedup` rows written by older
-/// receivers): those of untyped events equal the new ones, those of typed events match no new
-/// key, so a copy of such an event is not recognised as a replay. They leave with their dedup
-/// keys (the dedup window, 3 days by default); no migration rewrites them.
-pub fn replay_key(provider: &str, body_sha256: &[u8; 32]) -> [u8; 32] {
+/// The replay key of an event whose provider suppresses replays: SHA-256 of its provider, its
+/// type (empty when none) and its body's SHA-256, each length-prefixed so that no two triples
+/// share a key. Unique among the dedup keys (`inbox_dedup_replay_key`), so a second event with
+/// the same one conflicts at insert.
+pub fn replay_key(provider: &str, event_type: Option<&str>, body_sha256: &[u8; 32]) -> [u8; 32] {
     let mut digest = Sha256::new();
-    // The empty type keeps the layout of the keys that held one (see above).
-    for part in [provider.as_bytes(), b""] {
+    for part in [
+        provider.as_bytes(),
+        event_type.unwrap_or_default().as_bytes(),
+    ] {
         digest.update((part.len() as u64).to_be_bytes());
         digest.update(part);
     }
@@ -455,9 +445,13 @@ impl<'e> InsertColumns<'e> {
                 .collect(),
             replay_keys: chosen()
                 .map(|event| {
-                    event
-                        .suppress_replays
-                        .then(|| replay_key(&event.provider, &event.body_sha256))
+                    event.suppress_replays.then(|| {
+                        replay_key(
+                            &event.provider,
+                            event.event_type.as_deref(),
+                            &event.body_sha256,
+                        )
+                    })
                 })
                 .collect(),
         }
@@ -536,23 +530,4 @@ pub async fn notify_new_events(conn: &mut AsyncPgConnection) -> QueryResult<()> 
     .execute(conn)
     .await
     .map(|_| ())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_replay_key_keeps_the_layout_of_the_keys_stored_for_untyped_events() {
-        let body: [u8; 32] = Sha256::digest(b"{}").into();
-        // As older receivers hashed an event without a type: provider, empty type, body hash.
-        let mut stored = Sha256::new();
-        stored.update(6u64.to_be_bytes());
-        stored.update(b"github");
-        stored.update(0u64.to_be_bytes());
-        stored.update(body);
-        let stored: [u8; 32] = stored.finalize().into();
-        assert_eq!(replay_key("github", &body), stored);
-        assert_ne!(replay_key("shopify", &body), stored);
-    }
 }

@@ -35,8 +35,8 @@ the dedup key. Names: 1-64 characters of a-z, 0-9, '-' and '_'.
   form_event_id_field = "trigger_id"
                              slack: the form field that keys form-encoded bodies (slash commands)
   suppress_replays = true | false
-                             a body already stored under another id (whatever the type,
-                             within the dedup window) is a replay: stored apart, answered 200, never
+                             a body already stored under another id (same type, within the
+                             dedup window) is a replay: stored apart, answered 200, never
                              processed until `worker release`. Default: on where a seen delivery
                              could be sent again under a fresh id (the id may come from a header
                              the signature does not cover, timestamp or not: github, shopify,

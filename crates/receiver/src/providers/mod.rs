@@ -169,7 +169,7 @@ pub struct Provider {
     pub keep_headers: Option<Vec<String>>,
     /// When set, its events are processed one at a time per key, in sequence order.
     pub ordering: Option<crate::ordering::OrderingSpec>,
-    /// Whether the same body under a new id (whatever the type) is a replay, stored apart
+    /// Whether the same body under a new id (and the same type) is a replay, stored apart
     /// and never handed to a handler ([`inbox_core::inbox::NewEvent::suppress_replays`]).
     pub suppress_replays: bool,
 }
