@@ -107,10 +107,23 @@ enum HandlerKind {
     Forward,
 }
 
-fn duration(text: Option<&str>, default: Duration) -> Result<Duration, String> {
-    text.map_or(Ok(default), |t| {
-        humantime::parse_duration(t).map_err(|e| format!("{t:?}: {e}"))
+/// The longest duration a route may set: PostgreSQL refuses timeouts over about 24 days, and
+/// an attempt longer than a day holds its event, its slot and its lease that long.
+const LONGEST_ROUTE_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// A route's duration setting `name`, if given: above zero (a zero timeout fails every attempt)
+/// and at most [`LONGEST_ROUTE_DURATION`].
+fn route_duration(text: Option<&str>, name: &str) -> Result<Option<Duration>, String> {
+    text.map(|t| match humantime::parse_duration(t) {
+        Ok(duration) if duration.is_zero() => Err(format!("{name} must be above zero")),
+        Ok(duration) if duration > LONGEST_ROUTE_DURATION => Err(format!(
+            "{name} {t:?} is longer than {}",
+            humantime::format_duration(LONGEST_ROUTE_DURATION)
+        )),
+        Ok(duration) => Ok(duration),
+        Err(e) => Err(format!("{name} {t:?}: {e}")),
     })
+    .transpose()
 }
 
 /// The forward settings of one route; `base` is the routes file's directory.
@@ -118,7 +131,8 @@ fn forward_settings(route: RouteSpec, base: &Path) -> Result<ForwardSettings, St
     let url = route
         .url
         .ok_or_else(|| "handler \"forward\" needs a url".to_owned())?;
-    let url = reqwest::Url::parse(&url).map_err(|err| format!("url {url:?}: {err}"))?;
+    // The url may carry credentials: the error names only what is wrong with it.
+    let url = reqwest::Url::parse(&url).map_err(|err| format!("url: {err}"))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err("url must be http or https".into());
     }
@@ -136,10 +150,10 @@ fn forward_settings(route: RouteSpec, base: &Path) -> Result<ForwardSettings, St
     };
     Ok(ForwardSettings {
         url,
-        timeout: duration(route.timeout.as_deref(), DEFAULT_FORWARD_TIMEOUT)
-            .map_err(|e| format!("timeout {e}"))?,
-        connect_timeout: duration(route.connect_timeout.as_deref(), DEFAULT_CONNECT_TIMEOUT)
-            .map_err(|e| format!("connect_timeout {e}"))?,
+        timeout: route_duration(route.timeout.as_deref(), "timeout")?
+            .unwrap_or(DEFAULT_FORWARD_TIMEOUT),
+        connect_timeout: route_duration(route.connect_timeout.as_deref(), "connect_timeout")?
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT),
         max_in_flight: route.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT).max(1),
         tls: TlsSettings {
             ca_file: route.ca_file.map(|file| base.join(file)),
@@ -150,17 +164,9 @@ fn forward_settings(route: RouteSpec, base: &Path) -> Result<ForwardSettings, St
 
 /// The route's own database timeouts.
 fn limits_of(route: &RouteSpec) -> Result<DatabaseLimits, String> {
-    let optional = |text: Option<&str>, name: &str| {
-        text.map(|t| match humantime::parse_duration(t) {
-            Ok(duration) if !duration.is_zero() => Ok(duration),
-            Ok(_) => Err(format!("{name} must be above zero")),
-            Err(e) => Err(format!("{name} {t:?}: {e}")),
-        })
-        .transpose()
-    };
     Ok(DatabaseLimits {
-        statement_timeout: optional(route.statement_timeout.as_deref(), "statement_timeout")?,
-        lock_timeout: optional(route.lock_timeout.as_deref(), "lock_timeout")?,
+        statement_timeout: route_duration(route.statement_timeout.as_deref(), "statement_timeout")?,
+        lock_timeout: route_duration(route.lock_timeout.as_deref(), "lock_timeout")?,
     })
 }
 
@@ -236,6 +242,47 @@ mod tests {
             .handler_for("stripe", Some("payment_intent.created"))
             .is_some());
         assert!(router.handler_for("github", Some("push")).is_some());
+    }
+
+    #[test]
+    fn zero_or_overlong_route_durations_are_refused_by_name() {
+        let path = Path::new("routes.toml");
+        let forward = "[[routes]]\nhandler = \"forward\"\nurl = \"http://127.0.0.1:9/\"\n";
+        for (setting, expected) in [
+            ("timeout = \"0s\"", "timeout must be above zero"),
+            (
+                "connect_timeout = \"0s\"",
+                "connect_timeout must be above zero",
+            ),
+            (
+                "timeout = \"2days\"",
+                "timeout \"2days\" is longer than 1day",
+            ),
+            (
+                "statement_timeout = \"30days\"",
+                "statement_timeout \"30days\" is longer",
+            ),
+            ("lock_timeout = \"0ms\"", "lock_timeout must be above zero"),
+        ] {
+            let err = parse_routes(&format!("{forward}{setting}\n"), path).expect_err(setting);
+            assert!(err.to_string().contains(expected), "{setting}: {err}");
+        }
+        assert!(parse_routes(&format!("{forward}timeout = \"1day\"\n"), path).is_ok());
+    }
+
+    #[test]
+    fn a_bad_url_is_refused_without_echoing_its_credentials() {
+        let err = parse_routes(
+            "[[routes]]\nhandler = \"forward\"\nurl = \"https://svc:hunter2@payments.internal:99999/in?token=abc\"\n",
+            Path::new("routes.toml"),
+        )
+        .expect_err("a port out of range");
+        let message = err.to_string();
+        assert!(message.contains("invalid port"), "{message}");
+        assert!(
+            !message.contains("hunter2") && !message.contains("token=abc"),
+            "{message}"
+        );
     }
 
     #[test]
