@@ -10,7 +10,8 @@ use std::time::Duration;
 pub const DEFAULT_BASE: Duration = Duration::from_secs(1);
 /// Default upper bound of any single delay.
 pub const DEFAULT_CAP: Duration = Duration::from_secs(60 * 60);
-/// Default number of attempts (a crash counts as one) before an event is dead-lettered.
+/// Default number of failed attempts before an event is dead-lettered (and of rescues of its
+/// expired lease, counted apart).
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 12;
 
 /// Retry policy: after the `n`-th failed attempt the next one waits a uniformly random delay
@@ -24,7 +25,9 @@ pub struct BackoffPolicy {
     /// Upper bound of any single retry delay.
     #[arg(long = "retry-cap", env = "INBOX_RETRY_CAP", value_parser = humantime::parse_duration, default_value = "1h")]
     pub cap: Duration,
-    /// Attempts (a crash counts as one) before an event is dead-lettered.
+    /// Failed attempts before an event is dead-lettered. A lease that expired (its worker
+    /// crashed or stalled) costs no attempt; it is counted apart, and an event rescued this
+    /// many times is dead-lettered too.
     #[arg(long = "max-attempts", env = "INBOX_MAX_ATTEMPTS", default_value_t = DEFAULT_MAX_ATTEMPTS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_attempts: u32,
 }
