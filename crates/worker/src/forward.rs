@@ -168,9 +168,12 @@ fn target_of(url: &reqwest::Url) -> String {
     shown
 }
 
-/// Whether an HTTP status means "try again later".
+/// Whether an HTTP status means "try again later". A redirect is one: it is not followed (the
+/// body and headers would go to a place the routes file does not name), and it says the
+/// route's url is out of date, which an operator fixes while the events wait their backoff.
 pub fn is_retryable_status(status: reqwest::StatusCode) -> bool {
-    status == reqwest::StatusCode::REQUEST_TIMEOUT
+    status.is_redirection()
+        || status == reqwest::StatusCode::REQUEST_TIMEOUT
         || status == reqwest::StatusCode::TOO_MANY_REQUESTS
         || status.is_server_error()
 }
@@ -249,8 +252,8 @@ mod tests {
     use reqwest::StatusCode;
 
     #[test]
-    fn retryable_statuses_are_408_429_and_5xx() {
-        for code in [408, 429, 500, 502, 503, 504] {
+    fn retryable_statuses_are_3xx_408_429_and_5xx() {
+        for code in [301, 302, 307, 308, 408, 429, 500, 502, 503, 504] {
             assert!(
                 is_retryable_status(StatusCode::from_u16(code).unwrap_or_default()),
                 "{code}"
