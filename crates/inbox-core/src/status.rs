@@ -59,7 +59,8 @@ impl InboxStatus {
 
 impl std::fmt::Display for InboxStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        // `pad`, so that a column width (`{:<10}`) applies.
+        f.pad(self.as_str())
     }
 }
 

@@ -65,7 +65,7 @@ pub enum OperatorCommand {
         #[command(flatten)]
         selection: Selection,
         /// At most this many.
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..))]
         limit: i64,
         #[command(flatten)]
         db: Database,
@@ -109,7 +109,7 @@ pub enum OperatorCommand {
         #[arg(long, required = true)]
         blocked: bool,
         /// At most this many.
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..))]
         limit: i64,
         #[command(flatten)]
         db: Database,
@@ -156,7 +156,7 @@ pub enum OperatorCommand {
         #[arg(long)]
         since: Option<DateTime<Utc>>,
         /// At most this many.
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..))]
         limit: i64,
         #[command(flatten)]
         db: Database,
@@ -298,6 +298,18 @@ impl OperatorCommand {
                 }
                 let replayed = operations::replay(&mut conn, &candidates).await?;
                 writeln!(out, "replayed {replayed} dead event(s)")?;
+                let not_dead: Vec<i64> = filter
+                    .ids
+                    .iter()
+                    .copied()
+                    .filter(|id| !candidates.contains(id))
+                    .collect();
+                if !not_dead.is_empty() {
+                    writeln!(
+                        out,
+                        "not dead (ready, processing, done, or no such event), left as they are: {not_dead:?}"
+                    )?;
+                }
                 Ok(())
             }
             Self::Rejections {
@@ -354,6 +366,12 @@ impl OperatorCommand {
                 batch,
                 db,
             } => {
+                // Held to the bounds `worker run` holds them to.
+                crate::durations::check_all(&[
+                    crate::durations::DurationFlag::period("--older-than", older_than),
+                    crate::durations::DurationFlag::period("--dedup-window", dedup_window),
+                ])
+                .map_err(anyhow::Error::msg)?;
                 let mut conn = db.connect().await?;
                 let purged =
                     operations::purge_done(&mut conn, older_than, dedup_window, batch.max(1))

@@ -221,6 +221,19 @@ async fn operator_commands_show_the_backlog_list_replay_and_purge() {
         list.contains("evt_2") && list.contains("evt_3") && !list.contains("evt_1"),
         "{list}"
     );
+    // The status column is as wide as its header says.
+    let status_column = list.lines().nth(1).and_then(|line| line.get(12..24));
+    assert_eq!(status_column, Some("dead        "), "{list}");
+    for args in [
+        &["list", "--limit=-1"][..],
+        &["keys", "--blocked", "--limit=-1"],
+        &["replays", "--limit=-1"],
+    ] {
+        let refused = output(&db, args);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("--limit"), "{args:?}: {stderr}");
+    }
 
     let show = stdout(&output(&db, &["show", "demo", "evt_2"]));
     assert!(show.contains("status:          dead"), "{show}");
@@ -255,6 +268,17 @@ async fn operator_commands_show_the_backlog_list_replay_and_purge() {
         .await,
         2
     );
+    let done_id = count(
+        &mut conn,
+        "SELECT id AS n FROM webhook_inbox WHERE event_id = 'evt_1'",
+    )
+    .await;
+    let not_dead = stdout(&output(&db, &["replay", "--id", &done_id.to_string()]));
+    assert!(
+        not_dead.contains("replayed 0 dead event(s)")
+            && not_dead.contains(&format!("not dead (ready, processing, done, or no such event), left as they are: [{done_id}]")),
+        "{not_dead}"
+    );
     let replayed = stdout(&output(
         &db,
         &["replay", "--all-matching", "--provider", "demo"],
@@ -275,6 +299,16 @@ async fn operator_commands_show_the_backlog_list_replay_and_purge() {
         "a retention inside the dedup window is refused"
     );
     assert!(String::from_utf8_lossy(&refused.stderr).contains("dedup window"));
+    let refused = output(
+        &db,
+        &["purge", "--older-than", "0s", "--dedup-window", "0s"],
+    );
+    assert!(!refused.status.success(), "a zero dedup window is refused");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--dedup-window"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
     // Age every event past a retention of 4 days (into the journal's partition of 5 days
     // ago), then purge: the done one goes with its day, the replayed ones are kept.
     for statement in [
