@@ -345,6 +345,58 @@ async fn operator_commands_show_the_backlog_list_replay_and_purge() {
     );
 }
 
+/// `text` without its ANSI colour sequences (`ESC [ ... m`).
+fn without_colours(text: &str) -> String {
+    let mut plain = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|&c| c == 'm');
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_is_logged_with_the_event_it_is_about() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    insert_events(&mut conn, &[event(7, "demo.poison")])
+        .await
+        .unwrap();
+    let child = worker(
+        &db,
+        &["run", "--demo-handler", "--metrics-listen", "127.0.0.1:0"],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    wait_for_count(
+        &mut conn,
+        "the poison event is dead",
+        "SELECT count(*) AS n FROM webhook_inbox WHERE status = 3",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    sigterm(&child);
+    let logged = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let logged = without_colours(&String::from_utf8_lossy(&logged.stderr));
+    let line = logged
+        .lines()
+        .find(|line| line.contains("event dead-lettered"))
+        .unwrap_or_else(|| panic!("no dead letter logged:\n{logged}"));
+    let id = count(&mut conn, "SELECT id AS n FROM webhook_inbox").await;
+    for field in [format!("id={id}"), "demo".into(), "evt_7".into()] {
+        assert!(line.contains(&field), "{field} missing: {line}");
+    }
+}
+
 #[test]
 fn help_explains_every_subcommand() {
     let help = Command::new(WORKER).arg("--help").output().unwrap();

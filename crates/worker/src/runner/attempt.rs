@@ -195,6 +195,7 @@ impl Worker {
         };
         tracing::warn!(
             events = lost.len(),
+            ids = ?lost,
             "lease lost before completion: the attempt was rolled back"
         );
         for (event, label) in batch.labelled_events() {
@@ -335,18 +336,21 @@ impl Worker {
             Ok::<_, WorkerError>(())
         }
         .await;
+        // The event as an operator finds it (`worker show`): its row id, provider and id (the
+        // sender's choice, so written escaped).
+        let (id, provider, event_id) = (event.id, event.provider.as_str(), &event.event_id);
         match (result, decision) {
             (Ok(()), RetryDecision::RetryAfter(delay)) => {
-                tracing::info!(error, retry_in = ?delay, "attempt failed; retry scheduled");
+                tracing::info!(id, provider, event_id = ?event_id, error, retry_in = ?delay, "attempt failed; retry scheduled");
                 self.metrics.count(&event.provider, label, "retry");
             }
             (Ok(()), RetryDecision::GiveUp) => {
-                tracing::error!(error, "event dead-lettered");
+                tracing::error!(id, provider, event_id = ?event_id, error, "event dead-lettered");
                 self.metrics.count(&event.provider, label, "dead");
             }
             (Err(err), _) => {
-                // The lease will expire and the rescuer will count this as an attempt.
-                tracing::warn!(error = %err, "recording the failure failed; the lease will expire");
+                // The lease will expire and the rescue returns the event.
+                tracing::warn!(id, provider, event_id = ?event_id, error = %err, "recording the failure failed; the lease will expire");
                 if matches!(err, WorkerError::LeaseLost) {
                     self.metrics.lease_lost.inc();
                 }
