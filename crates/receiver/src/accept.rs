@@ -112,9 +112,16 @@ pub async fn store_all(
         duplicates: 0,
         suppressed_replays: 0,
     };
+    let mut failure: Option<ApiError> = None;
     for (event_id, result) in results {
-        let outcome =
-            result.map_err(|cause| ApiError::not_stored(cause, state.limits.retry_after_secs))?;
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(cause) => {
+                let error = ApiError::not_stored(cause, state.limits.retry_after_secs);
+                failure = Some(the_batch_answer(failure, error));
+                continue;
+            }
+        };
         match outcome {
             InsertOutcome::Accepted => {
                 tracing::debug!(provider = %provider.name, %event_id, "event accepted");
@@ -151,7 +158,22 @@ pub async fn store_all(
             }
         }
     }
-    Ok(stored)
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(stored),
+    }
+}
+
+/// Which of two items' failures a batch is answered with: a failure for now outranks a refusal
+/// for good, whatever their order in the batch. Answered 422, the provider would never send
+/// again the items that were not stored only for now (those it sends again that were stored
+/// are duplicates).
+fn the_batch_answer(first: Option<ApiError>, next: ApiError) -> ApiError {
+    match first {
+        Some(first) if first.is_refusal_for_good() && !next.is_refusal_for_good() => next,
+        Some(first) => first,
+        None => next,
+    }
 }
 
 /// The answer to stored events: the provider's expected text, or the JSON status (with the
@@ -230,4 +252,37 @@ pub(crate) fn stored_headers(headers: &HeaderMap, provider: &Provider) -> serde_
         );
     }
     serde_json::Value::Object(kept)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::ingest::StoreError;
+
+    fn refused() -> ApiError {
+        ApiError::not_stored(
+            Arc::new(StoreError::InvalidRow(diesel::result::Error::NotFound)),
+            1,
+        )
+    }
+
+    fn for_now() -> ApiError {
+        ApiError::not_stored(Arc::new(StoreError::Deadline), 1)
+    }
+
+    #[test]
+    fn a_batch_with_an_item_not_stored_for_now_is_answered_so_whatever_its_place() {
+        assert_eq!(the_batch_answer(None, refused()).code(), refused().code());
+        assert_eq!(
+            the_batch_answer(Some(refused()), for_now()).code(),
+            for_now().code()
+        );
+        assert_eq!(
+            the_batch_answer(Some(for_now()), refused()).code(),
+            for_now().code()
+        );
+        assert_ne!(refused().code(), for_now().code());
+    }
 }

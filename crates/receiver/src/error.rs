@@ -99,6 +99,12 @@ impl ApiError {
         }
     }
 
+    /// Whether the answer tells the provider not to send the request again: a row the database
+    /// refused for good, as opposed to one it could not store for now.
+    pub fn is_refusal_for_good(&self) -> bool {
+        matches!(self, Self::Unstorable(_))
+    }
+
     /// The error and its causes, `": "`-separated, for the one log line at the boundary. The
     /// HTTP answer shows only the first part: causes may name database internals.
     pub fn chain(&self) -> String {
