@@ -354,6 +354,18 @@ pub async fn purge_done(
     Ok(purged)
 }
 
+async fn database_now(conn: &mut AsyncPgConnection) -> QueryResult<DateTime<Utc>> {
+    #[derive(diesel::QueryableByName)]
+    struct Now {
+        #[diesel(sql_type = diesel::sql_types::Timestamptz)]
+        now: DateTime<Utc>,
+    }
+    let now: Now = diesel::sql_query("SELECT now() AS now")
+        .get_result(conn)
+        .await?;
+    Ok(now.now)
+}
+
 async fn try_purge_lock(conn: &mut AsyncPgConnection) -> QueryResult<bool> {
     #[derive(diesel::QueryableByName)]
     struct Locked {
@@ -372,8 +384,10 @@ async fn purge_holding_lock(
     retention: Duration,
     batch: i64,
 ) -> Result<Purged, PurgeError> {
-    let cutoff =
-        Utc::now() - chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
+    // The database's clock, which dated the events and their days: a worker whose clock runs
+    // ahead would otherwise drop days early.
+    let cutoff = database_now(conn).await?
+        - chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
     let dropped = journal::drop_days_received_before(conn, cutoff, batch).await?;
     let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
     let mut purged = Purged {
