@@ -1,3 +1,13 @@
+-- Without their ordering, queued events of a key would run at once and out of order, and a
+-- dead head's block would be lifted unannounced: refused while any is left.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM inbox_queue WHERE ordering_key IS NOT NULL)
+       OR EXISTS (SELECT 1 FROM inbox_dead_ordering) THEN
+        RAISE EXCEPTION 'ordered events are queued or dead: let them finish and replay, skip or delete the dead ones before reverting this migration';
+    END IF;
+END
+$$;
 DROP TRIGGER inbox_queue_key_released_by_delete ON inbox_queue;
 DROP TRIGGER inbox_queue_key_released_by_update ON inbox_queue;
 DROP FUNCTION inbox_release_key();

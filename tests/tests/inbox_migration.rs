@@ -237,3 +237,89 @@ async fn after_the_split_the_transitions_carry_on_from_the_migrated_states() {
         2
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reverting_refuses_to_drop_acknowledged_replays_pauses_or_ordered_events() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let copy = |event_id: &str, key: Option<&str>| {
+        let body = br#"{"object":"pi_1","amount":100}"#.to_vec();
+        NewEvent {
+            provider: "github".into(),
+            event_id: event_id.into(),
+            event_type: Some("push".into()),
+            headers: serde_json::json!({}),
+            body_sha256: <sha2::Sha256 as sha2::Digest>::digest(&body).into(),
+            suppress_replays: true,
+            ordering: key.map(|key| inbox::EventOrdering {
+                key: inbox::ordering_key("github", key),
+                sequence: 1,
+                hold: Duration::ZERO,
+            }),
+            body,
+        }
+    };
+    inbox::insert_events(&mut conn, &[copy("delivery-1", Some("pi_1"))])
+        .await
+        .unwrap();
+    let outcome = inbox::insert_events(&mut conn, &[copy("delivery-2", None)])
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome[..], [InsertOutcome::SuppressedReplay { .. }]),
+        "{outcome:?}"
+    );
+    diesel::sql_query(
+        "INSERT INTO inbox_paused_routes (provider, event_type, paused_by) \
+         VALUES ('github', '*', 'test')",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+
+    // Each refusal leaves its migration applied, and what it guards as it was.
+    let refused = db.try_revert_after("20261201000007").unwrap_err();
+    assert!(refused.contains("routes are paused"), "{refused}");
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM inbox_paused_routes").await,
+        1
+    );
+    diesel::sql_query("DELETE FROM inbox_paused_routes")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let refused = db.try_revert_after("20261201000007").unwrap_err();
+    assert!(
+        refused.contains("inbox_suppressed_replays holds acknowledged events"),
+        "{refused}"
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM inbox_suppressed_replays"
+        )
+        .await,
+        1
+    );
+    diesel::sql_query("DELETE FROM inbox_suppressed_replays")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let refused = db.try_revert_after("20261201000007").unwrap_err();
+    assert!(refused.contains("ordered events are queued"), "{refused}");
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM inbox_queue WHERE ordering_key IS NOT NULL"
+        )
+        .await,
+        1
+    );
+    // With nothing left to lose, the revert goes through, and forward again.
+    diesel::sql_query("UPDATE inbox_queue SET ordering_key = NULL, ordering_sequence = NULL")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    db.try_revert_after("20261201000007").unwrap();
+    db.migrate_pending();
+}

@@ -217,6 +217,33 @@ impl TestDatabase {
         });
     }
 
+    /// Like [`Self::revert_after`], stopping at the first migration whose `down.sql` fails
+    /// and returning its error.
+    pub fn try_revert_after(&self, version: &str) -> Result<(), String> {
+        let last = version.to_owned();
+        let (sender, receiver) = std::sync::mpsc::channel();
+        with_harness(self.url.clone(), move |harness| {
+            let result = loop {
+                let applied = match harness.applied_migrations() {
+                    Ok(applied) => applied,
+                    Err(err) => break Err(err.to_string()),
+                };
+                match applied.iter().max() {
+                    Some(newest) if newest.to_string() > last => {
+                        if let Err(err) = harness.revert_last_migration(MIGRATIONS) {
+                            break Err(err.to_string());
+                        }
+                    }
+                    _ => break Ok(()),
+                }
+            };
+            let _ = sender.send(result);
+        });
+        receiver
+            .recv()
+            .unwrap_or_else(|_| Err("the migration harness stopped".into()))
+    }
+
     /// The database's connection URL.
     pub fn url(&self) -> &str {
         &self.url
