@@ -409,18 +409,7 @@ async fn a_replay_by_filter_runs_in_batches_and_stops_at_an_abort() {
         .await
         .unwrap();
 
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let page = loop {
-        let page = operator.get(&console, &job).await.text().await.unwrap();
-        if !page.contains(r#"id="job-state">running<"#) {
-            break page;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the replay did not stop"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+    let page = operator.job_page_once_ended(&console, &job).await;
     assert!(page.contains(r#"id="job-state">aborted<"#), "{page}");
     assert!(page.contains(r#"id="job-replayed">1<"#), "{page}");
     assert_eq!(
@@ -527,18 +516,7 @@ async fn a_replay_by_filter_replays_only_the_dead_events_the_server_counted() {
         .await
         .unwrap();
 
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let page = loop {
-        let page = operator.get(&console, &job).await.text().await.unwrap();
-        if !page.contains(r#"id="job-state">running<"#) {
-            break page;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the replay did not end"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+    let page = operator.job_page_once_ended(&console, &job).await;
     assert!(page.contains(r#"id="job-state">done<"#), "{page}");
     assert!(page.contains(r#"id="job-replayed">5<"#), "{page}");
     assert!(page.contains(r#"id="job-counted">5<"#), "{page}");
@@ -702,18 +680,7 @@ async fn a_repair_whose_audit_row_cannot_be_written_does_not_happen() {
     diesel_async::SimpleAsyncConnection::batch_execute(&mut blocker, "COMMIT")
         .await
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let page = loop {
-        let page = operator.get(&console, &job).await.text().await.unwrap();
-        if !page.contains(r#"id="job-state">running<"#) {
-            break page;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the replay did not end"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+    let page = operator.job_page_once_ended(&console, &job).await;
     assert!(
         page.contains(r#"id="job-state">done<"#),
         "not aborted: {page}"
@@ -833,21 +800,7 @@ async fn a_repair_that_would_change_nothing_is_refused_and_not_audited() {
         )
         .await;
     let job = started.headers()["location"].to_str().unwrap().to_owned();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while operator
-        .get(&console, &job)
-        .await
-        .text()
-        .await
-        .unwrap()
-        .contains(r#"id="job-state">running<"#)
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the replay did not end"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    operator.job_page_once_ended(&console, &job).await;
     let answer = operator
         .post(&console, &format!("{job}/abort"), &[("csrf_token", &token)])
         .await;

@@ -193,6 +193,22 @@ impl HttpSession {
             .unwrap()
     }
 
+    /// The page of the replay job at `job` once it no longer runs (within ten seconds).
+    pub async fn job_page_once_ended(&self, console: &TestConsole, job: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let page = self.get(console, job).await.text().await.unwrap();
+            if !page.contains(r#"id="job-state">running<"#) {
+                return page;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the replay at {job} did not end"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     pub async fn post(
         &self,
         console: &TestConsole,
