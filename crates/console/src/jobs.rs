@@ -64,10 +64,14 @@ impl ReplayJob {
     }
 }
 
+/// How long a stopping console waits for its replays to end their batch in progress.
+pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The replays of this console process.
 #[derive(Debug, Default)]
 pub struct Jobs {
     jobs: Mutex<HashMap<i64, Arc<ReplayJob>>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Jobs {
@@ -97,7 +101,7 @@ impl Jobs {
         });
         self.lock().insert(audit_id, Arc::clone(&job));
         let running = Arc::clone(&job);
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let outcome = match run(&pool, &query, &extent, &running, batch).await {
                 Ok(outcome) => outcome,
                 Err(err) => {
@@ -122,7 +126,39 @@ impl Jobs {
             );
             running.finish(outcome);
         });
+        let mut tasks = self
+            .tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        tasks.retain(|task| !task.is_finished());
+        tasks.push(task);
         job
+    }
+
+    /// Stops every replay after its batch in progress, as an abort does, and waits up to
+    /// [`STOP_GRACE`] for each to record how far it went. Called before the page server
+    /// stops: a replay runs on a page worker's runtime, which ends with the server, and a
+    /// replay ended that way would leave its audit row saying "running" for ever. A replay
+    /// still blocked past the grace is left; its row keeps the count of its last batch.
+    pub async fn stop_all(&self) {
+        for job in self.lock().values() {
+            job.abort();
+        }
+        let tasks = std::mem::take(
+            &mut *self
+                .tasks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        let ended = tokio::time::timeout(STOP_GRACE, async {
+            for task in tasks {
+                let _ = task.await;
+            }
+        })
+        .await;
+        if ended.is_err() {
+            tracing::warn!("a replay by filter did not end its batch within the stop grace; its audit row stays running");
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Arc<ReplayJob>>> {

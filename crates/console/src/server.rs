@@ -131,23 +131,37 @@ pub struct RunningConsole {
     metrics_handle: ServerHandle,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     metrics_server: tokio::task::JoinHandle<std::io::Result<()>>,
+    state: web::Data<AppState>,
 }
 
 impl RunningConsole {
-    /// Stops both servers, letting requests in progress finish.
+    /// Stops the replays in progress (see [`Jobs::stop_all`]), then both servers, letting
+    /// requests in progress finish.
     pub async fn stop(self) {
+        self.state.jobs.stop_all().await;
         self.handle.stop(true).await;
         self.metrics_handle.stop(true).await;
         let _ = self.server.await;
         let _ = self.metrics_server.await;
     }
 
-    /// Waits until the console stops (SIGTERM or SIGINT), then stops /metrics.
-    pub async fn wait(self) -> anyhow::Result<()> {
-        let served = self.server.await.context("console server task")?;
-        self.metrics_handle.stop(true).await;
-        let _ = self.metrics_server.await;
-        Ok(served?)
+    /// Serves until SIGTERM or SIGINT, then stops as [`Self::stop`] does (or until the page
+    /// server fails).
+    pub async fn wait(mut self) -> anyhow::Result<()> {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("listening for SIGTERM")?;
+        tokio::select! {
+            _ = terminate.recv() => {}
+            interrupted = tokio::signal::ctrl_c() => interrupted.context("listening for SIGINT")?,
+            served = &mut self.server => {
+                self.metrics_handle.stop(true).await;
+                return Ok(served.context("console server task")??);
+            }
+        }
+        tracing::info!("stopping: replays in progress first, then the servers");
+        self.stop().await;
+        Ok(())
     }
 }
 
@@ -185,6 +199,8 @@ pub async fn start(args: &ServeArgs) -> anyhow::Result<RunningConsole> {
             .wrap(tracing_actix_web::TracingLogger::default())
     })
     .workers(2)
+    // Signals are `RunningConsole::wait`'s: replays stop before the page workers do.
+    .disable_signals()
     .listen(listener)?
     .run();
     let handle = server.handle();
@@ -207,5 +223,6 @@ pub async fn start(args: &ServeArgs) -> anyhow::Result<RunningConsole> {
         metrics_handle,
         server: tokio::spawn(server),
         metrics_server: tokio::spawn(metrics_server),
+        state,
     })
 }

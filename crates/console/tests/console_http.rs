@@ -7,7 +7,7 @@ mod support;
 use inbox_core::inbox::pause;
 use inbox_core::operations::browse::{self, EventQuery};
 use inbox_core::InboxStatus;
-use support::{claim_all, event, store, HttpSession, TestConsole, OPERATOR, VIEWER};
+use support::{claim_all, count_of, event, store, HttpSession, TestConsole, OPERATOR, VIEWER};
 
 #[tokio::test]
 async fn keyset_pages_cover_every_matching_event_once_newest_first() {
@@ -350,8 +350,18 @@ async fn a_flood_of_wrong_passwords_is_throttled_without_checking_them() {
     console.running.stop().await;
 }
 
-#[tokio::test]
-async fn a_replay_by_filter_runs_in_batches_and_stops_at_an_abort() {
+/// A console replaying five dead events by filter, its first batch (one event: the tests'
+/// batch size) waiting on a row lock the returned connection holds, so that whatever the
+/// test does next arrives while the replay runs. Returns the console, a connection, the
+/// blocker, the operator's session, the job's path and the events' ids.
+async fn a_replay_held_at_its_first_batch() -> (
+    TestConsole,
+    diesel_async::AsyncPgConnection,
+    diesel_async::AsyncPgConnection,
+    HttpSession,
+    String,
+    Vec<i64>,
+) {
     let console = TestConsole::start(false).await;
     let mut conn = console.db.connect().await;
     let events: Vec<_> = (0..5)
@@ -360,9 +370,6 @@ async fn a_replay_by_filter_runs_in_batches_and_stops_at_an_abort() {
     let mut ids = store(&mut conn, &events).await;
     ids.sort_unstable();
     claim_all(&mut conn, &ids).await;
-
-    // The first batch (one event: the tests' batch size) waits on a row lock held here, so
-    // the abort is certain to arrive while the replay runs.
     let mut blocker = console.db.connect().await;
     diesel_async::SimpleAsyncConnection::batch_execute(
         &mut blocker,
@@ -397,6 +404,13 @@ async fn a_replay_by_filter_runs_in_batches_and_stops_at_an_abort() {
         .await;
     assert_eq!(started.status(), 303);
     let job = started.headers()["location"].to_str().unwrap().to_owned();
+    (console, conn, blocker, operator, job, ids)
+}
+
+#[tokio::test]
+async fn a_replay_by_filter_runs_in_batches_and_stops_at_an_abort() {
+    let (console, mut conn, mut blocker, operator, job, ids) =
+        a_replay_held_at_its_first_batch().await;
     let aborted = operator
         .post(
             &console,
@@ -437,6 +451,45 @@ async fn a_replay_by_filter_runs_in_batches_and_stops_at_an_abort() {
         .iter()
         .any(|entry| entry.action == "abort" && entry.actor == OPERATOR.0));
     console.running.stop().await;
+}
+
+#[tokio::test]
+async fn a_console_stopped_mid_replay_records_the_replay_as_aborted_with_how_far_it_went() {
+    let (console, mut conn, mut blocker, _operator, _job, _ids) =
+        a_replay_held_at_its_first_batch().await;
+    // The replay's first batch is waiting for the blocker's lock.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while count_of(
+        &mut conn,
+        "SELECT count(*) AS n FROM pg_stat_activity \
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .await
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replay never began"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let stopping = tokio::spawn(console.running.stop());
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut blocker, "COMMIT")
+        .await
+        .unwrap();
+    stopping.await.unwrap();
+    let audit = inbox_core::operations::audit::recent(&mut conn, 10)
+        .await
+        .unwrap();
+    let replay = audit
+        .iter()
+        .find(|entry| entry.action == "replay_filter")
+        .unwrap();
+    assert_eq!(
+        (replay.affected, replay.outcome.as_str()),
+        (1, "aborted"),
+        "the batch in progress ended, and no other began"
+    );
 }
 
 #[tokio::test]

@@ -224,3 +224,16 @@ impl HttpSession {
             .unwrap()
     }
 }
+
+/// The one bigint column `n` of `sql`'s row.
+pub async fn count_of(conn: &mut AsyncPgConnection, sql: &str) -> i64 {
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let row: Count = diesel_async::RunQueryDsl::get_result(diesel::sql_query(sql), conn)
+        .await
+        .unwrap();
+    row.n
+}
