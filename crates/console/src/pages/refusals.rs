@@ -6,7 +6,7 @@ use actix_web::http::header;
 use actix_web::{web, HttpResponse};
 use chrono::{Duration, Utc};
 use diesel_async::AsyncConnection;
-use inbox_core::operations::audit::{self, NewAction, Outcome};
+use inbox_core::operations::audit::{self, NewAction};
 use inbox_core::{rejections, replays};
 use maud::html;
 use serde::Deserialize;
@@ -132,14 +132,12 @@ pub async fn release(
         }
         audit::record(
             tx,
-            NewAction {
-                actor: &user.session.user,
-                action: "release_replay",
-                target: serde_json::json!({ "id": form.id }),
-                estimated: None,
-                affected: 1,
-                outcome: Outcome::Done,
-            },
+            NewAction::done(
+                &user.session.user,
+                "release_replay",
+                serde_json::json!({ "id": form.id }),
+                1,
+            ),
         )
         .await?;
         // Sent at commit, and only if the release commits.

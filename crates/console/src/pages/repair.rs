@@ -45,14 +45,12 @@ pub async fn replay_one(
             let replayed = operations::replay(tx, &[*id]).await?;
             audit::record(
                 tx,
-                NewAction {
-                    actor: &user.session.user,
-                    action: "replay",
-                    target: serde_json::json!({ "id": *id }),
-                    estimated: None,
-                    affected: i64::try_from(replayed).unwrap_or(i64::MAX),
-                    outcome: Outcome::Done,
-                },
+                NewAction::done(
+                    &user.session.user,
+                    "replay",
+                    serde_json::json!({ "id": *id }),
+                    i64::try_from(replayed).unwrap_or(i64::MAX),
+                ),
             )
             .await?;
             if replayed > 0 {
@@ -216,14 +214,12 @@ pub async fn abort(
     conn.transaction::<_, ConsoleError, _>(async |tx| {
         audit::record(
             tx,
-            NewAction {
-                actor: &user.session.user,
-                action: "abort",
-                target: serde_json::json!({ "job": job.id }),
-                estimated: None,
-                affected: 0,
-                outcome: Outcome::Done,
-            },
+            NewAction::done(
+                &user.session.user,
+                "abort",
+                serde_json::json!({ "job": job.id }),
+                0,
+            ),
         )
         .await?;
         if !job.abort() {

@@ -6,7 +6,7 @@ use actix_web::http::header;
 use actix_web::{web, HttpResponse};
 use diesel_async::AsyncConnection;
 use inbox_core::inbox::pause::{self, EVERY_EVENT_TYPE};
-use inbox_core::operations::audit::{self, NewAction, Outcome};
+use inbox_core::operations::audit::{self, NewAction};
 use inbox_core::operations::browse;
 use inbox_core::ordering;
 use maud::html;
@@ -149,14 +149,12 @@ async fn change(
         }
         audit::record(
             tx,
-            NewAction {
-                actor: &user.session.user,
+            NewAction::done(
+                &user.session.user,
                 action,
-                target: serde_json::json!({ "provider": provider, "event_type": event_type }),
-                estimated: None,
-                affected: 0,
-                outcome: Outcome::Done,
-            },
+                serde_json::json!({ "provider": provider, "event_type": event_type }),
+                0,
+            ),
         )
         .await?;
         Ok(())
@@ -196,14 +194,16 @@ pub async fn skip(
         };
         audit::record(
             tx,
-            NewAction {
-                actor: &user.session.user,
-                action: "skip",
-                target: serde_json::json!({ "id": form.head_id, "ordering_key": key, "reason": form.reason.trim() }),
-                estimated: None,
-                affected: 1,
-                outcome: Outcome::Done,
-            },
+            NewAction::done(
+                &user.session.user,
+                "skip",
+                serde_json::json!({
+                    "id": form.head_id,
+                    "ordering_key": key,
+                    "reason": form.reason.trim(),
+                }),
+                1,
+            ),
         )
         .await?;
         // The key's next event is claimable now (sent at commit, and only if the skip commits).

@@ -50,6 +50,21 @@ pub struct NewAction<'a> {
     pub outcome: Outcome,
 }
 
+impl<'a> NewAction<'a> {
+    /// A repair finished as it is recorded (in the transaction that makes it): no estimate,
+    /// `affected` events changed.
+    pub fn done(actor: &'a str, action: &'a str, target: serde_json::Value, affected: i64) -> Self {
+        Self {
+            actor,
+            action,
+            target,
+            estimated: None,
+            affected,
+            outcome: Outcome::Done,
+        }
+    }
+}
+
 /// A recorded action.
 #[derive(Debug, Clone, PartialEq, Queryable, Selectable)]
 #[diesel(table_name = console_audit)]
