@@ -7,7 +7,10 @@ mod support;
 use inbox_core::inbox::pause;
 use inbox_core::operations::browse::{self, EventQuery};
 use inbox_core::InboxStatus;
-use support::{claim_all, count_of, event, store, HttpSession, TestConsole, OPERATOR, VIEWER};
+use support::{
+    block_key_behind_dead_head, claim_all, count_of, event, holding_finished_row, store,
+    HttpSession, TestConsole, OPERATOR, VIEWER,
+};
 
 #[tokio::test]
 async fn keyset_pages_cover_every_matching_event_once_newest_first() {
@@ -370,16 +373,7 @@ async fn a_replay_held_at_its_first_batch() -> (
     let mut ids = store(&mut conn, &events).await;
     ids.sort_unstable();
     claim_all(&mut conn, &ids).await;
-    let mut blocker = console.db.connect().await;
-    diesel_async::SimpleAsyncConnection::batch_execute(
-        &mut blocker,
-        &format!(
-            "BEGIN; SELECT id FROM inbox_finished WHERE id = {} FOR UPDATE",
-            ids[0]
-        ),
-    )
-    .await
-    .unwrap();
+    let blocker = holding_finished_row(&console.db, ids[0]).await;
     let operator = HttpSession::log_in(&console, OPERATOR).await;
     let estimate = operator
         .get(&console, "/replay?provider=stripe")
@@ -544,16 +538,7 @@ async fn a_replay_by_filter_replays_only_the_dead_events_the_server_counted() {
     );
 
     // The first batch waits on a row lock held here while more events die.
-    let mut blocker = console.db.connect().await;
-    diesel_async::SimpleAsyncConnection::batch_execute(
-        &mut blocker,
-        &format!(
-            "BEGIN; SELECT id FROM inbox_finished WHERE id = {} FOR UPDATE",
-            ids[0]
-        ),
-    )
-    .await
-    .unwrap();
+    let mut blocker = holding_finished_row(&console.db, ids[0]).await;
     let started = replay("6").await;
     assert_eq!(started.status(), 303);
     let job = started.headers()["location"].to_str().unwrap().to_owned();
@@ -622,17 +607,7 @@ async fn a_repair_whose_audit_row_cannot_be_written_does_not_happen() {
         unreachable!()
     };
     claim_all(&mut conn, &[dead, head, job_first, job_second]).await;
-    diesel_async::SimpleAsyncConnection::batch_execute(
-        &mut conn,
-        &format!(
-            "INSERT INTO inbox_dead_ordering (id, ordering_key, ordering_sequence) VALUES ({head}, 'pi_1', 1); \
-             INSERT INTO inbox_keys (ordering_key, blocked_by, blocked_since) VALUES ('pi_1', {head}, now()) \
-             ON CONFLICT (ordering_key) DO UPDATE SET blocked_by = excluded.blocked_by, blocked_since = excluded.blocked_since; \
-             UPDATE inbox_queue SET ordering_key = 'pi_1', ordering_sequence = 2 WHERE id = {behind}"
-        ),
-    )
-    .await
-    .unwrap();
+    block_key_behind_dead_head(&mut conn, head, behind).await;
     let guarded = |event_id: &str| inbox_core::inbox::NewEvent {
         suppress_replays: true,
         ..event("github", event_id, "push", r#"{"ref":"main"}"#)
@@ -650,13 +625,7 @@ async fn a_repair_whose_audit_row_cannot_be_written_does_not_happen() {
 
     // A replay by filter, started while the audit works, held on its first batch.
     let operator = HttpSession::log_in(&console, OPERATOR).await;
-    let mut blocker = console.db.connect().await;
-    diesel_async::SimpleAsyncConnection::batch_execute(
-        &mut blocker,
-        &format!("BEGIN; SELECT id FROM inbox_finished WHERE id = {job_first} FOR UPDATE"),
-    )
-    .await
-    .unwrap();
+    let mut blocker = holding_finished_row(&console.db, job_first).await;
     let token = operator.csrf_token.clone();
     let started = operator
         .post(
@@ -942,17 +911,7 @@ async fn an_ordered_events_key_is_shown_and_a_blocked_keys_dead_head_is_listed_a
     .await;
     let (head, behind) = (ids[0].min(ids[1]), ids[0].max(ids[1]));
     claim_all(&mut conn, &[head]).await;
-    diesel_async::SimpleAsyncConnection::batch_execute(
-        &mut conn,
-        &format!(
-            "INSERT INTO inbox_dead_ordering (id, ordering_key, ordering_sequence) VALUES ({head}, 'pi_1', 1); \
-             INSERT INTO inbox_keys (ordering_key, blocked_by, blocked_since) VALUES ('pi_1', {head}, now()) \
-             ON CONFLICT (ordering_key) DO UPDATE SET blocked_by = excluded.blocked_by, blocked_since = excluded.blocked_since; \
-             UPDATE inbox_queue SET ordering_key = 'pi_1', ordering_sequence = 2 WHERE id = {behind}"
-        ),
-    )
-    .await
-    .unwrap();
+    block_key_behind_dead_head(&mut conn, head, behind).await;
     let viewer = HttpSession::log_in(&console, VIEWER).await;
     let detail = viewer
         .get(&console, &format!("/events/{behind}"))

@@ -237,3 +237,32 @@ pub async fn count_of(conn: &mut AsyncPgConnection, sql: &str) -> i64 {
         .unwrap();
     row.n
 }
+
+/// A connection holding the finished row `id` locked in an open transaction (`COMMIT` it to
+/// let go): a replay's batch that reaches the row waits there.
+pub async fn holding_finished_row(db: &TestDatabase, id: i64) -> AsyncPgConnection {
+    let mut blocker = db.connect().await;
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut blocker,
+        &format!("BEGIN; SELECT id FROM inbox_finished WHERE id = {id} FOR UPDATE"),
+    )
+    .await
+    .unwrap();
+    blocker
+}
+
+/// Key `pi_1` blocked by its dead head `head` (sequence 1), with the queued event `behind`
+/// (sequence 2) waiting behind it.
+pub async fn block_key_behind_dead_head(conn: &mut AsyncPgConnection, head: i64, behind: i64) {
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        conn,
+        &format!(
+            "INSERT INTO inbox_dead_ordering (id, ordering_key, ordering_sequence) VALUES ({head}, 'pi_1', 1); \
+             INSERT INTO inbox_keys (ordering_key, blocked_by, blocked_since) VALUES ('pi_1', {head}, now()) \
+             ON CONFLICT (ordering_key) DO UPDATE SET blocked_by = excluded.blocked_by, blocked_since = excluded.blocked_since; \
+             UPDATE inbox_queue SET ordering_key = 'pi_1', ordering_sequence = 2 WHERE id = {behind}"
+        ),
+    )
+    .await
+    .unwrap();
+}
