@@ -205,16 +205,9 @@ impl TestDatabase {
     /// Reverts every applied migration later than `version` (its digits, as in
     /// [`Self::migrated_until`]), newest first.
     pub fn revert_after(&self, version: &str) {
-        let last = version.to_owned();
-        with_harness(self.url.clone(), move |harness| loop {
-            let applied = harness.applied_migrations().unwrap();
-            match applied.iter().max() {
-                Some(newest) if newest.to_string() > last => {
-                    harness.revert_last_migration(MIGRATIONS).unwrap();
-                }
-                _ => break,
-            }
-        });
+        if let Err(err) = self.try_revert_after(version) {
+            panic!("reverting the migrations after {version}: {err}");
+        }
     }
 
     /// Like [`Self::revert_after`], stopping at the first migration whose `down.sql` fails
