@@ -374,6 +374,7 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
             Option<i64>,
             Option<chrono::DateTime<chrono::Utc>>,
             Option<i64>,
+            chrono::DateTime<chrono::Utc>,
         )>(&mut conn)
         .await
         .unwrap();
@@ -422,7 +423,7 @@ async fn the_diesel_schema_matches_the_migrated_tables() {
     // And no migrated column is missing from the diesel schema.
     assert_eq!(
         count(&mut conn, "SELECT count(*) AS n FROM information_schema.columns WHERE table_schema = 'public' AND table_name IN ('inbox_dedup', 'inbox_events', 'inbox_queue', 'inbox_finished', 'webhook_inbox', 'processed_events', 'demo_ledger', 'demo_payments', 'console_audit', 'inbox_paused_routes', 'inbox_keys', 'inbox_ordering_providers', 'inbox_dead_ordering', 'inbox_key_skips', 'inbox_rejections', 'inbox_suppressed_replays')").await,
-        5 + 9 + 13 + 6 + 16 + 3 + 11 + 7 + 8 + 4 + 4 + 4 + 3 + 5 + 9 + 11
+        5 + 9 + 13 + 6 + 16 + 3 + 11 + 7 + 8 + 4 + 5 + 4 + 3 + 5 + 9 + 11
     );
     // Nor any table (the journal's partitions are the journal).
     assert_eq!(

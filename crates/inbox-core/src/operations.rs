@@ -316,6 +316,9 @@ pub struct Purged {
     pub processed_records: usize,
     /// Suppressed replays deleted (with their dedup keys).
     pub suppressed_replays: usize,
+    /// Ordering keys forgotten, idle longer than the retention (see
+    /// [`crate::ordering::forget_idle_keys`]).
+    pub idle_keys: usize,
 }
 
 /// Deletes done events older than `retention`, and their `processed_events` records. Whole
@@ -324,7 +327,8 @@ pub struct Purged {
 /// first; see [`crate::journal`]), so an event is kept at least `retention` and at most a day
 /// more. The few done events of the kept partition finished more than `retention` ago are
 /// deleted row by row, `batch` per statement, and so are suppressed replays received more than
-/// `retention` ago. Dead rows are kept for the operator. Refuses a retention shorter than `dedup_window`.
+/// `retention` ago. Dead rows are kept for the operator. Ordering keys idle longer than
+/// `retention` are forgotten. Refuses a retention shorter than `dedup_window`.
 /// One purge runs at a time, across every replica: another finds [`PURGE_LOCK_KEY`] taken and
 /// returns [`PurgeError::AlreadyRunning`] at once. `conn` must not be in a transaction (a
 /// partition is detached concurrently).
@@ -395,6 +399,7 @@ async fn purge_holding_lock(
         days: dropped.days,
         processed_records: 0,
         suppressed_replays: 0,
+        idle_keys: 0,
     };
     loop {
         let deleted = diesel::sql_query(statuses_sql!(
@@ -445,6 +450,7 @@ async fn purge_holding_lock(
             break;
         }
     }
+    purged.idle_keys = crate::ordering::forget_idle_keys(conn, cutoff, batch).await?;
     Ok(purged)
 }
 

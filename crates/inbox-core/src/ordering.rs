@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Double, Nullable, Text, Timestamptz};
+use diesel::sql_types::{Array, BigInt, Double, Nullable, Text, Timestamptz};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 
 use crate::statuses_sql;
@@ -191,7 +191,7 @@ pub async fn skip_dead_head(
     conn.transaction::<_, SkipError, _>(async |tx| {
         let released: Released = diesel::sql_query(statuses_sql!(
             "WITH released AS ( \
-                 UPDATE inbox_keys SET blocked_by = NULL, blocked_since = NULL \
+                 UPDATE inbox_keys SET blocked_by = NULL, blocked_since = NULL, idle_since = now() \
                  WHERE blocked_by = $1 \
                    AND EXISTS (SELECT 1 FROM inbox_finished WHERE id = $1 AND status = {dead}) \
                  RETURNING ordering_key \
@@ -214,4 +214,83 @@ pub async fn skip_dead_head(
         Ok(released.ordering_key)
     })
     .await
+}
+
+/// Forgets ordering keys idle since before `cutoff`: unblocked, with no event queued, whose
+/// last event left the queue (or whose block was lifted) before it. Their rows go with their
+/// processed sequence, so an event of such a key arriving later runs as the key's first, not
+/// as a late arrival. Returns how many were forgotten.
+///
+/// Walks the keys in key order, `batch` rows per transaction. Each transaction first locks
+/// the candidates it walked over, skipping those another transaction holds (an arrival or a
+/// completion of the key), then deletes those still without a queued event in a statement of
+/// its own: that statement's snapshot is taken after the locks, so it sees every event that
+/// arrived for a key before. An arrival that comes later waits for the key's lock and, the
+/// row gone, inserts it anew (`inbox_lock_keys`) and becomes its head.
+pub async fn forget_idle_keys(
+    conn: &mut AsyncPgConnection,
+    cutoff: DateTime<Utc>,
+    batch: i64,
+) -> QueryResult<usize> {
+    #[derive(QueryableByName)]
+    struct Walked {
+        #[diesel(sql_type = Nullable<Text>)]
+        walked_to: Option<String>,
+        #[diesel(sql_type = Array<Text>)]
+        locked: Vec<String>,
+    }
+    let mut forgotten = 0;
+    let mut after = String::new();
+    loop {
+        let (walked, deleted) = conn
+            .transaction::<_, diesel::result::Error, _>(async |tx| {
+                let walked: Walked = diesel::sql_query(
+                    "WITH walked AS MATERIALIZED ( \
+                         SELECT ordering_key FROM inbox_keys WHERE ordering_key > $1 \
+                         ORDER BY ordering_key LIMIT $2 \
+                     ), locked AS ( \
+                         SELECT key.ordering_key FROM inbox_keys AS key \
+                         WHERE key.ordering_key = ANY(ARRAY(SELECT ordering_key FROM walked)) \
+                           AND key.blocked_by IS NULL AND key.idle_since < $3 \
+                         ORDER BY key.ordering_key \
+                         FOR UPDATE SKIP LOCKED \
+                     ) \
+                     SELECT (SELECT max(ordering_key) FROM walked) AS walked_to, \
+                            ARRAY(SELECT ordering_key FROM locked) AS locked",
+                )
+                .bind::<Text, _>(&after)
+                .bind::<BigInt, _>(batch)
+                .bind::<Timestamptz, _>(cutoff)
+                .get_result(tx)
+                .await?;
+                if walked.locked.is_empty() {
+                    return Ok((walked.walked_to, 0));
+                }
+                // Both partial indexes of the queue by key: its head, and the events behind it
+                // (an unblocked key with events has a head; checking them too costs a probe).
+                let deleted = diesel::sql_query(
+                    "DELETE FROM inbox_keys AS key \
+                     WHERE key.ordering_key = ANY($1) \
+                       AND key.blocked_by IS NULL AND key.idle_since < $2 \
+                       AND NOT EXISTS (SELECT 1 FROM inbox_queue AS queue \
+                                       WHERE queue.ordering_key = key.ordering_key \
+                                         AND queue.head) \
+                       AND NOT EXISTS (SELECT 1 FROM inbox_queue AS queue \
+                                       WHERE queue.ordering_key = key.ordering_key \
+                                         AND queue.ordering_key IS NOT NULL \
+                                         AND NOT queue.head)",
+                )
+                .bind::<Array<Text>, _>(&walked.locked)
+                .bind::<Timestamptz, _>(cutoff)
+                .execute(tx)
+                .await?;
+                Ok((walked.walked_to, deleted))
+            })
+            .await?;
+        forgotten += deleted;
+        match walked {
+            Some(last) => after = last,
+            None => return Ok(forgotten),
+        }
+    }
 }

@@ -63,13 +63,15 @@ diesel::table! {
 }
 
 diesel::table! {
-    /// One row per ordering key ever seen: its dead head, its high-water mark; every writer's
-    /// lock on the key.
+    /// One row per ordering key seen and not forgotten (retention forgets keys idle longer
+    /// than it): its dead head, its high-water mark, since when it is idle; every writer's lock
+    /// on the key.
     inbox_keys (ordering_key) {
         ordering_key -> Text,
         blocked_by -> Nullable<Int8>,
         blocked_since -> Nullable<Timestamptz>,
         processed_sequence -> Nullable<Int8>,
+        idle_since -> Timestamptz,
     }
 }
 

@@ -124,8 +124,8 @@ struct RunArgs {
     /// termination grace period above this.
     #[arg(long, env = "WORKER_SHUTDOWN_GRACE", value_parser = humantime::parse_duration, default_value = "30s")]
     shutdown_grace: Duration,
-    /// Delete done events older than this, periodically (off when unset). Must be at least
-    /// the dedup window.
+    /// Delete done events older than this, and forget ordering keys idle this long,
+    /// periodically (off when unset). Must be at least the dedup window.
     #[arg(long, env = "WORKER_RETENTION", value_parser = humantime::parse_duration)]
     retention: Option<Duration>,
     /// The providers' longest redelivery window: dedup keys are never purged younger than this.

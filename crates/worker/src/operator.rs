@@ -171,7 +171,8 @@ pub enum OperatorCommand {
         #[command(flatten)]
         db: Database,
     },
-    /// Delete done events that finished more than --older-than ago (dead events are kept).
+    /// Delete done events that finished more than --older-than ago (dead events are kept), and
+    /// forget ordering keys idle that long (unblocked, nothing queued).
     Purge {
         /// Retention of done events, e.g. 7days. Must be at least the dedup window.
         #[arg(long, value_parser = humantime::parse_duration)]
@@ -378,8 +379,12 @@ impl OperatorCommand {
                         .await?;
                 writeln!(
                     out,
-                    "purged {} done event(s) ({} journal day(s) dropped), {} processed-event record(s) and {} suppressed replay(s)",
-                    purged.events, purged.days, purged.processed_records, purged.suppressed_replays
+                    "purged {} done event(s) ({} journal day(s) dropped), {} processed-event record(s) and {} suppressed replay(s); forgot {} idle ordering key(s)",
+                    purged.events,
+                    purged.days,
+                    purged.processed_records,
+                    purged.suppressed_replays,
+                    purged.idle_keys
                 )?;
                 Ok(())
             }

@@ -330,7 +330,7 @@ async fn operator_commands_show_the_backlog_list_replay_and_purge() {
     let purged = stdout(&output(&db, &["purge", "--older-than", "4days"]));
     assert!(
         purged.contains(
-            "purged 1 done event(s) (1 journal day(s) dropped), 1 processed-event record(s) and 0 suppressed replay(s)"
+            "purged 1 done event(s) (1 journal day(s) dropped), 1 processed-event record(s) and 0 suppressed replay(s); forgot 0 idle ordering key(s)"
         ),
         "{purged}"
     );

@@ -73,6 +73,7 @@ impl Worker {
                     days = purged.days,
                     processed_records = purged.processed_records,
                     suppressed_replays = purged.suppressed_replays,
+                    idle_keys = purged.idle_keys,
                     "purged old done events"
                 );
             }
