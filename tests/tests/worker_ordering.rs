@@ -881,6 +881,8 @@ struct CountingHandler {
     calls: Mutex<HashMap<String, usize>>,
     takes: Duration,
     batchable: bool,
+    running: AtomicUsize,
+    most_running: AtomicUsize,
 }
 
 impl CountingHandler {
@@ -889,6 +891,8 @@ impl CountingHandler {
             calls: Mutex::default(),
             takes,
             batchable,
+            running: AtomicUsize::new(0),
+            most_running: AtomicUsize::new(0),
         })
     }
 }
@@ -906,7 +910,10 @@ impl Handler for CountingHandler {
             .unwrap()
             .entry(event.event_id.clone())
             .or_default() += 1;
+        let running = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_running.fetch_max(running, Ordering::SeqCst);
         tokio::time::sleep(self.takes).await;
+        self.running.fetch_sub(1, Ordering::SeqCst);
         Ok(Handled::Applied)
     }
 
@@ -916,13 +923,13 @@ impl Handler for CountingHandler {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_handed_on_keep_their_leases_while_they_wait_in_their_slot() {
+async fn events_handed_on_keep_their_leases_while_they_wait_for_a_slot() {
     const KEYS: usize = 3;
     let db = TestDatabase::new().await;
     let mut conn = db.connect().await;
-    // Each key's first event is quick and batchable: one transaction completes all three and
-    // hands on their second events, which need a transaction each and run one after another
-    // in its slot, each for longer than a lease.
+    // Each key's first event is quick and batchable: one transaction completes them and hands
+    // on their second events, which need a transaction each and run one after another in the
+    // worker's one slot, each for longer than a lease.
     let events: Vec<NewEvent> = (0..KEYS)
         .flat_map(|n| {
             let key = format!("k{n}");
@@ -942,6 +949,7 @@ async fn events_handed_on_keep_their_leases_while_they_wait_in_their_slot() {
     let mut settings = worker_settings("w-handed-on");
     settings.lease = Duration::from_secs(1);
     settings.claimers = 1;
+    settings.concurrency = 1;
     settings.handler_timeout = Duration::from_secs(5);
     let worker = RunningWorker::start(&db, router, settings);
     wait_for_count(
@@ -968,4 +976,60 @@ async fn events_handed_on_keep_their_leases_while_they_wait_in_their_slot() {
         calls.values().all(|&calls| calls == 1),
         "a slow event ran more than once: {calls:?}"
     );
+}
+
+/// Events handed on together that cannot run in the transaction that handed them on (each
+/// needs a transaction of its own) start at once in the worker's free slots, not one after
+/// another in the slot that handed them on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_handed_on_together_run_in_free_slots_at_once() {
+    const KEYS: usize = 4;
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let events: Vec<NewEvent> = (0..KEYS)
+        .flat_map(|n| {
+            let key = format!("k{n}");
+            let mut first = ordered_event(&key, 1, Duration::ZERO);
+            first.event_type = Some("quick".into());
+            let mut second = ordered_event(&key, 2, Duration::ZERO);
+            second.event_type = Some("slow".into());
+            [first, second]
+        })
+        .collect();
+    insert_events(&mut conn, &events).await.unwrap();
+    // Long enough that quick events in slots of their own would overlap.
+    let quick = CountingHandler::new(Duration::from_millis(50), true);
+    let slow = CountingHandler::new(Duration::from_millis(500), false);
+    let router = Router::new()
+        .route(None, Some("quick"), Arc::clone(&quick) as Arc<dyn Handler>)
+        .route(None, Some("slow"), Arc::clone(&slow) as Arc<dyn Handler>);
+    let mut settings = worker_settings("w-handed-on-together");
+    settings.claimers = 1;
+    settings.concurrency = KEYS;
+    let worker = RunningWorker::start(&db, router, settings);
+    wait_for_count(
+        &mut conn,
+        "every event is done",
+        "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
+        2 * KEYS as i64,
+        Duration::from_secs(30),
+    )
+    .await;
+    let metrics = worker.stop().await;
+    assert_eq!(
+        quick.most_running.load(Ordering::SeqCst),
+        1,
+        "the first events ran one after another, in one transaction"
+    );
+    assert_eq!(
+        metrics.handed_on.get(),
+        KEYS as u64,
+        "the second events were handed on"
+    );
+    assert_eq!(
+        slow.most_running.load(Ordering::SeqCst),
+        KEYS,
+        "the events handed on ran side by side"
+    );
+    assert!(slow.calls.lock().unwrap().values().all(|&calls| calls == 1));
 }

@@ -3,7 +3,7 @@
 //! letter, or nothing at all when the lease was lost (the transaction rolled back and the
 //! row belongs to whoever holds it now).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -13,40 +13,51 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 use super::batch::{batches, Batch, Routed};
-use super::lease_keeper::HeldLeases;
+use super::claim::{Claimed, HandedOn};
 use super::session::AttemptSession;
 use super::transaction::{Committed, Outcome};
 use super::{AttemptError, Worker, WorkerError};
 use crate::handler::{Event, Handled, HandlerError};
 
 impl Worker {
-    /// Runs `batch`, claimed under `token`, in one slot; then, in the same slot, the events
-    /// its transactions handed on (the next events of the ordered keys they completed) and
-    /// did not run themselves, until none is handed on. A busy key's events thus follow each
-    /// other with no claim between them. Handed-on events stay leased while they wait their
-    /// turn (the slot may run others for longer than a lease first); once the worker stops,
-    /// those not started are given back unstarted.
+    /// Runs `batch`, claimed under `token`, in one slot; then, in the same slot, the first
+    /// batch of events its transaction handed on (the next events of the ordered keys it
+    /// completed) and did not run itself, and so on until none is handed on. A busy key's
+    /// events thus follow each other with no claim between them. Further batches handed on at
+    /// once (keys whose next events cannot run in one transaction) go back to the claim loop
+    /// through `handed_on`, to start in its free slots, their leases kept while they wait.
+    /// Once the worker stops, batches handed on are given back unstarted.
     pub(super) async fn run_slot(
         &self,
         batch: Batch,
         token: Uuid,
         shutdown: &watch::Receiver<bool>,
+        handed_on: &HandedOn,
     ) {
-        let mut pending: VecDeque<(Batch, Option<HeldLeases>)> = VecDeque::from([(batch, None)]);
-        while let Some((batch, waiting)) = pending.pop_front() {
-            if waiting.is_some() && *shutdown.borrow() {
-                self.release(&batch.ids(), token).await;
-                continue;
-            }
-            // The attempt keeps the leases from here on.
-            drop(waiting);
-            let handed_on = self.attempt(batch, token).await;
-            let events: usize = handed_on.iter().map(Batch::len).sum();
+        let mut next = Some(batch);
+        while let Some(batch) = next.take() {
+            let mut handed = self.attempt(batch, token).await.into_iter();
+            let events: usize = handed.as_slice().iter().map(Batch::len).sum();
             self.metrics.handed_on.inc_by(events as u64);
-            pending.extend(handed_on.into_iter().map(|batch| {
-                let held = self.leases.hold(batch.ids(), token);
-                (batch, Some(held))
-            }));
+            if *shutdown.borrow() {
+                for batch in handed {
+                    self.release(&batch.ids(), token).await;
+                }
+                return;
+            }
+            next = handed.next();
+            for batch in handed {
+                let leases = self.leases.hold(batch.ids(), token);
+                let claimed = Claimed {
+                    batch,
+                    token,
+                    leases,
+                };
+                // The loop has stopped reading: it is shutting down.
+                if let Err(unsent) = handed_on.send(claimed) {
+                    self.release(&unsent.0.batch.ids(), token).await;
+                }
+            }
         }
     }
 

@@ -9,6 +9,10 @@
 //! database as much as a claim of a hundred); at a trickle nothing waits, and a backlog is
 //! claimed in full batches back to back.
 //!
+//! An attempt that hands on more batches than its slot runs next (ordered keys whose next
+//! events need transactions of their own) hands the rest back to its loop, which starts them
+//! in free slots like the batches it claimed, their leases kept while they wait.
+//!
 //! A slot is one attempt in flight: one transaction, one connection. An attempt of a handler
 //! that waits on the network carries one event, so with such routes a slot is claimed per
 //! event and the concurrency is the events in flight. When every route is batchable (the
@@ -27,7 +31,7 @@ use std::time::Duration;
 use diesel_async::pooled_connection::PoolableConnection;
 use diesel_async::AsyncPgConnection;
 use inbox_core::inbox;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -48,6 +52,8 @@ impl Worker {
         let slots = Arc::new(Semaphore::new(concurrency));
         // Claimed batches waiting for a slot, their leases kept meanwhile.
         let mut waiting = Waiting::default();
+        // Batches handed on by attempts beyond the one their slot runs next.
+        let (handed_on, mut handed_back) = mpsc::unbounded_channel();
         // Claim in batches: wait for room for this many events unless the worker is idle.
         // Events of network handlers are claimed as soon as there is room: their time goes to
         // waiting on their targets, and a slot kept free for a bigger claim is time lost. For
@@ -63,14 +69,24 @@ impl Worker {
         let mut session = ClaimSession::default();
         loop {
             while in_flight.try_join_next().is_some() {}
+            while let Ok(claimed) = handed_back.try_recv() {
+                waiting.push(claimed);
+            }
             if *shutdown.borrow() {
                 break;
             }
-            self.start_waiting(&mut waiting, &slots, &mut in_flight, &shutdown);
+            self.start_waiting(&mut waiting, &slots, &mut in_flight, &shutdown, &handed_on);
             if nothing_more_due && waiting.is_empty() {
                 let next_due = self.next_due(&mut session).await;
-                self.idle(&mut shutdown, next_due).await;
-                nothing_more_due = false;
+                let woken = self.idle(&mut shutdown, next_due, &mut handed_back).await;
+                // Events handed back are not a sign that more are due.
+                nothing_more_due = match woken {
+                    Woken::HandedBack(claimed) => {
+                        waiting.push(claimed);
+                        true
+                    }
+                    Woken::MayBeDue => false,
+                };
                 continue;
             }
             let room = (slots.available_permits() * per_slot + ahead)
@@ -79,6 +95,7 @@ impl Worker {
             if nothing_more_due || room == 0 || (room < worth_claiming && !in_flight.is_empty()) {
                 tokio::select! {
                     _ = in_flight.join_next() => {}
+                    Some(claimed) = handed_back.recv() => waiting.push(claimed),
                     _ = shutdown.changed() => {}
                 }
                 continue;
@@ -90,7 +107,11 @@ impl Worker {
                 Ok(claim) => claim,
                 Err(err) => {
                     tracing::warn!(error = %err, "claiming events failed; retrying after the poll interval");
-                    self.idle(&mut shutdown, None).await;
+                    if let Woken::HandedBack(claimed) =
+                        self.idle(&mut shutdown, None, &mut handed_back).await
+                    {
+                        waiting.push(claimed);
+                    }
                     continue;
                 }
             };
@@ -117,11 +138,16 @@ impl Worker {
                 });
             }
         }
-        // Stopping: the batches that never started go back, their attempts unspent.
+        // Stopping: the batches that never started go back, their attempts unspent, and so
+        // do those an attempt finishing meanwhile hands back.
         while let Some(claimed) = waiting.pop() {
             self.release(&claimed.batch.ids(), claimed.token).await;
         }
         self.finish_in_flight(in_flight).await;
+        handed_back.close();
+        while let Ok(claimed) = handed_back.try_recv() {
+            self.release(&claimed.batch.ids(), claimed.token).await;
+        }
     }
 
     /// Starts waiting batches, oldest first, while the loop has free slots.
@@ -131,6 +157,7 @@ impl Worker {
         slots: &Arc<Semaphore>,
         in_flight: &mut JoinSet<()>,
         shutdown: &watch::Receiver<bool>,
+        handed_on: &HandedOn,
     ) {
         while !waiting.is_empty() {
             let Ok(permit) = Arc::clone(slots).try_acquire_owned() else {
@@ -146,10 +173,11 @@ impl Worker {
             };
             let worker = self.clone();
             let shutdown = shutdown.clone();
+            let handed_on = handed_on.clone();
             in_flight.spawn(async move {
                 // The attempt keeps the leases from here on.
                 drop(leases);
-                worker.run_slot(batch, token, &shutdown).await;
+                worker.run_slot(batch, token, &shutdown, &handed_on).await;
                 drop(permit);
             });
         }
@@ -192,13 +220,14 @@ impl Worker {
         next_due.ok().flatten()
     }
 
-    /// Waits for a notification, the next due retry, the poll interval or shutdown, whichever
-    /// comes first.
+    /// Waits for a notification, the next due retry, the poll interval, a batch handed back by
+    /// one of the loop's attempts or shutdown, whichever comes first.
     async fn idle(
         &self,
         shutdown: &mut watch::Receiver<bool>,
         next_due: Option<chrono::DateTime<chrono::Utc>>,
-    ) {
+        handed_back: &mut mpsc::UnboundedReceiver<Claimed>,
+    ) -> Woken {
         let mut wait = self.settings.poll_interval;
         if let Some(due) = next_due {
             let until_due = (due - chrono::Utc::now())
@@ -208,10 +237,12 @@ impl Worker {
             wait = wait.min(until_due.max(Duration::from_millis(10)));
         }
         tokio::select! {
+            Some(claimed) = handed_back.recv() => return Woken::HandedBack(claimed),
             _ = self.wake.notified() => {}
             _ = tokio::time::sleep(wait) => {}
             _ = shutdown.changed() => {}
         }
+        Woken::MayBeDue
     }
 
     /// Waits, if need be, until `claim_spacing` after the worker's last claim that was not
@@ -311,10 +342,22 @@ impl ClaimSpacing {
 }
 
 /// A batch claimed under `token` and not started yet, its leases kept meanwhile.
-struct Claimed {
-    batch: Batch,
-    token: Uuid,
-    leases: HeldLeases,
+pub(super) struct Claimed {
+    pub(super) batch: Batch,
+    pub(super) token: Uuid,
+    pub(super) leases: HeldLeases,
+}
+
+/// Where an attempt sends the batches it handed on beyond the one its slot runs next: to its
+/// claim loop, which starts them in free slots.
+pub(super) type HandedOn = mpsc::UnboundedSender<Claimed>;
+
+/// Why an idle claim loop woke.
+enum Woken {
+    /// One of its attempts handed a batch back.
+    HandedBack(Claimed),
+    /// A notification, a retry falling due, the poll interval or shutdown.
+    MayBeDue,
 }
 
 /// A claim loop's batches waiting for a slot, oldest first.
