@@ -11,7 +11,7 @@ use actix_web::{web, FromRequest, HttpRequest, HttpResponse};
 
 use crate::error::ConsoleError;
 use crate::server::AppState;
-use crate::sessions::{Session, SESSION_COOKIE};
+use crate::sessions::Session;
 use crate::users::Role;
 
 /// No script runs in a console page, whatever an event holds: the pages carry none, and this
@@ -91,7 +91,7 @@ impl FromRequest for CurrentUser {
 
 fn current_user(request: &HttpRequest) -> Option<CurrentUser> {
     let state = request.app_data::<web::Data<AppState>>()?;
-    let cookie = request.cookie(SESSION_COOKIE)?;
+    let cookie = request.cookie(state.cookie_names().session)?;
     let session = state.sessions.get(cookie.value())?;
     Some(CurrentUser {
         session,

@@ -10,13 +10,14 @@ use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 use inbox_core::db::{DatabaseArgs, PgPool};
 use inbox_core::operations::browse;
+use inbox_core::request_span::RequestSpan;
 
 use crate::error::ConsoleError;
 
 use crate::jobs::Jobs;
 use crate::login_throttle::LoginThrottle;
 use crate::metrics::Metrics;
-use crate::sessions::SessionStore;
+use crate::sessions::{CookieNames, SessionStore};
 use crate::users::Users;
 use crate::{http, pages};
 
@@ -49,8 +50,8 @@ pub struct ServeArgs {
     /// How long a login lasts.
     #[arg(long, env = "CONSOLE_SESSION_LIFETIME", value_parser = humantime::parse_duration, default_value = DEFAULT_SESSION_LIFETIME)]
     pub session_lifetime: Duration,
-    /// Send the session cookie only over HTTPS (`Secure`). Turn off only for a console reached
-    /// over plain HTTP on a loopback address.
+    /// Send the console's cookies only over HTTPS (`Secure`, their names prefixed `__Host-`).
+    /// Turn off only for a console reached over plain HTTP on a loopback address.
     #[arg(long, env = "CONSOLE_COOKIE_SECURE", default_value_t = true, action = clap::ArgAction::Set)]
     pub cookie_secure: bool,
     /// Show everything, change nothing: every repair is refused, for every user.
@@ -101,13 +102,18 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Every repair is refused.
     pub read_only: bool,
-    /// Session cookies carry `Secure`.
+    /// Session cookies carry `Secure` (and their names the `__Host-` prefix).
     pub cookie_secure: bool,
     /// Events per replay statement.
     pub replay_batch: i64,
 }
 
 impl AppState {
+    /// The names of the console's cookies ([`CookieNames`]).
+    pub fn cookie_names(&self) -> CookieNames {
+        CookieNames::new(self.cookie_secure)
+    }
+
     /// A pooled connection set up for operator queries ([`browse::tune_session`]).
     pub async fn connection(&self) -> Result<PooledConnection<'_>, ConsoleError> {
         let mut conn = self.pool.get().await?;
@@ -196,7 +202,7 @@ pub async fn start(args: &ServeArgs) -> anyhow::Result<RunningConsole> {
             .app_data(web::FormConfig::default().limit(64 * 1024))
             .configure(pages::configure)
             .wrap_fn(http::record_and_protect)
-            .wrap(tracing_actix_web::TracingLogger::default())
+            .wrap(tracing_actix_web::TracingLogger::<RequestSpan>::new())
     })
     .workers(2)
     // Signals are `RunningConsole::wait`'s: replays stop before the page workers do.

@@ -11,8 +11,35 @@ use subtle::ConstantTimeEq;
 
 use crate::users::Role;
 
-/// The session cookie's name.
-pub const SESSION_COOKIE: &str = "console_session";
+/// The names of the console's cookies: the session's, and the login form's token. Sent with
+/// `Secure`, each carries the `__Host-` prefix: a browser then takes it only from this host
+/// over HTTPS, with `Path=/` and no `Domain`, so a page on a sibling subdomain cannot plant a
+/// session or a login token of its choosing. Without `Secure` (plain HTTP on loopback) a
+/// browser refuses the prefix, and the names go without it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CookieNames {
+    /// The session cookie.
+    pub session: &'static str,
+    /// The login form's double-submit token.
+    pub login: &'static str,
+}
+
+impl CookieNames {
+    /// The names for cookies sent with `Secure` or without.
+    pub fn new(secure: bool) -> Self {
+        if secure {
+            Self {
+                session: "__Host-console_session",
+                login: "__Host-console_login",
+            }
+        } else {
+            Self {
+                session: "console_session",
+                login: "console_login",
+            }
+        }
+    }
+}
 
 /// A logged-in user.
 #[derive(Debug, Clone, PartialEq, Eq)]

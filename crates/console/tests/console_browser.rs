@@ -222,10 +222,11 @@ async fn post_with_session(
     path: &str,
     form: &[(&str, &str)],
 ) -> (u16, String) {
-    let cookie = client.get_named_cookie("console_session").await.unwrap();
+    let name = console.cookies.session;
+    let cookie = client.get_named_cookie(name).await.unwrap();
     let answer = reqwest::Client::new()
         .post(console.url(path))
-        .header("cookie", format!("console_session={}", cookie.value()))
+        .header("cookie", format!("{name}={}", cookie.value()))
         .form(form)
         .send()
         .await

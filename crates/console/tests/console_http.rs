@@ -289,16 +289,117 @@ async fn a_wrong_password_or_a_forged_login_form_opens_no_session() {
         .await
         .unwrap();
     assert_eq!(answer.status(), 401);
-    assert!(answer
-        .headers()
-        .get("set-cookie")
-        .is_none_or(|c| !c.to_str().unwrap().contains("console_session=")));
+    assert!(answer.headers().get("set-cookie").is_none_or(|c| !c
+        .to_str()
+        .unwrap()
+        .contains(&format!("{}=", console.cookies.session))));
     assert!(answer
         .text()
         .await
         .unwrap()
         .contains("Wrong user name or password"));
     console.running.stop().await;
+}
+
+/// Logging in again from a browser that holds a session ends that session: a login never
+/// leaves an older one alive behind it.
+#[tokio::test]
+async fn logging_in_again_ends_the_session_the_browser_held() {
+    let console = TestConsole::start(false).await;
+    let first = HttpSession::log_in(&console, OPERATOR).await;
+    let client = &first.client;
+    let form = client.get(console.url("/login")).send().await.unwrap();
+    let login = console.cookies.login;
+    let login_cookie = support::set_cookie_value(&form, login).unwrap();
+    let token = support::hidden_value(&form.text().await.unwrap(), "login_token");
+    let answer = client
+        .post(console.url("/login"))
+        .header(
+            "cookie",
+            format!("{login}={login_cookie}; {}", first.cookie_header(&console)),
+        )
+        .form(&[
+            ("username", OPERATOR.0),
+            ("password", OPERATOR.1),
+            ("login_token", &token),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 303);
+    let second = support::set_cookie_value(&answer, console.cookies.session).unwrap();
+    assert_ne!(second, first.cookie);
+
+    let with_first = first.get(&console, "/").await;
+    assert_eq!(
+        with_first.status(),
+        303,
+        "the first session still opens pages"
+    );
+    assert_eq!(with_first.headers()["location"], "/login");
+    let with_second = client
+        .get(console.url("/"))
+        .header("cookie", format!("{}={second}", console.cookies.session))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(with_second.status(), 200);
+}
+
+/// With `Secure` cookies (the default), both cookies are `__Host-` named, `Secure`, `Path=/`
+/// and without `Domain`, and only the prefixed session cookie opens a session.
+#[tokio::test]
+async fn secure_cookies_are_host_only_and_prefixed() {
+    let console = TestConsole::start_with_secure_cookies().await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let form = client.get(console.url("/login")).send().await.unwrap();
+    let set_cookie = |response: &reqwest::Response| -> Vec<String> {
+        response
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .map(|value| value.to_str().unwrap().to_owned())
+            .collect()
+    };
+    let login_cookies = set_cookie(&form);
+    let [login_cookie] = login_cookies.as_slice() else {
+        panic!("one cookie: {login_cookies:?}");
+    };
+    assert!(
+        login_cookie.starts_with("__Host-console_login="),
+        "{login_cookie}"
+    );
+    let session = HttpSession::log_in(&console, OPERATOR).await;
+    let answer = support::try_log_in(&client, &console, OPERATOR).await;
+    let session_cookie = set_cookie(&answer)
+        .into_iter()
+        .find(|cookie| cookie.starts_with("__Host-console_session="))
+        .unwrap();
+    for cookie in [login_cookie, &session_cookie] {
+        let attributes: Vec<&str> = cookie.split("; ").skip(1).collect();
+        assert!(attributes.contains(&"Secure"), "{cookie}");
+        assert!(attributes.contains(&"Path=/"), "{cookie}");
+        assert!(
+            !attributes.iter().any(|a| a.starts_with("Domain")),
+            "{cookie}"
+        );
+    }
+
+    assert_eq!(session.get(&console, "/").await.status(), 200);
+    let unprefixed = client
+        .get(console.url("/"))
+        .header("cookie", format!("console_session={}", session.cookie))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        unprefixed.status(),
+        303,
+        "a session cookie without the prefix is taken"
+    );
 }
 
 #[tokio::test]

@@ -20,6 +20,8 @@ pub mod pg_url;
 pub mod prepared;
 pub mod rejections;
 pub mod replays;
+#[cfg(feature = "http")]
+pub mod request_span;
 pub mod schema;
 mod status;
 pub mod telemetry;

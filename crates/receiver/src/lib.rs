@@ -21,5 +21,4 @@ pub mod notifier;
 pub mod ordering;
 pub mod providers;
 pub mod rejections;
-pub mod request_span;
 pub mod server;

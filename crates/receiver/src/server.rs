@@ -21,7 +21,7 @@ use crate::ingest::{IngestMode, IngestSettings, Ingestor, DEFAULT_MAX_BATCH, DEF
 use crate::metrics::Metrics;
 use crate::providers::Providers;
 use crate::rejections::{RejectionLog, RejectionSettings};
-use crate::request_span::RequestSpan;
+use inbox_core::request_span::RequestSpan;
 
 /// Default body size limit: 1 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;

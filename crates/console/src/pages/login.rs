@@ -18,10 +18,8 @@ use super::layout;
 use crate::error::ConsoleError;
 use crate::http::CurrentUser;
 use crate::server::AppState;
-use crate::sessions::{random_token, SESSION_COOKIE};
+use crate::sessions::random_token;
 use crate::users::Role;
-
-const LOGIN_COOKIE: &str = "console_login";
 
 fn cookie<'a>(name: &'a str, value: String, state: &AppState) -> Cookie<'a> {
     Cookie::build(name, value)
@@ -47,7 +45,7 @@ fn login_page(state: &AppState, status: StatusCode, refusal: Option<&str>) -> Ht
         }
     };
     let mut response = layout::html_response(status, "Log in", body);
-    let _ = response.add_cookie(&cookie(LOGIN_COOKIE, token, state));
+    let _ = response.add_cookie(&cookie(state.cookie_names().login, token, state));
     response
 }
 
@@ -73,8 +71,9 @@ pub async fn submit(
     state: web::Data<AppState>,
     form: web::Form<LoginForm>,
 ) -> Result<HttpResponse, ConsoleError> {
+    let names = state.cookie_names();
     let expected = request
-        .cookie(LOGIN_COOKIE)
+        .cookie(names.login)
         .map(|cookie| cookie.value().to_owned())
         .unwrap_or_default();
     let token_ok =
@@ -126,12 +125,16 @@ pub async fn submit(
     state.login_throttle.forgive(attempt);
     state.metrics.logins.with_label_values(&["ok"]).inc();
     tracing::info!(user = %username, role = role.as_str(), "console login");
+    // A session this browser held before ends: a login never leaves two live behind it.
+    if let Some(previous) = request.cookie(names.session) {
+        state.sessions.close(previous.value());
+    }
     let session_id = state.sessions.open(&username, role);
     let mut response = HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/"))
         .finish();
-    let _ = response.add_cookie(&cookie(SESSION_COOKIE, session_id, &state));
-    let mut spent = cookie(LOGIN_COOKIE, String::new(), &state);
+    let _ = response.add_cookie(&cookie(names.session, session_id, &state));
+    let mut spent = cookie(names.login, String::new(), &state);
     spent.make_removal();
     let _ = response.add_cookie(&spent);
     Ok(response)
@@ -184,7 +187,7 @@ pub async fn logout(
     let mut response = HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/login"))
         .finish();
-    let mut removal = cookie(SESSION_COOKIE, String::new(), &state);
+    let mut removal = cookie(state.cookie_names().session, String::new(), &state);
     removal.make_removal();
     let _ = response.add_cookie(&removal);
     Ok(response)

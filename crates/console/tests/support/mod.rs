@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use argon2::Argon2;
 use console::server::{self, RunningConsole, ServeArgs};
+use console::sessions::CookieNames;
 use diesel_async::AsyncPgConnection;
 use inbox_core::inbox::{self, NewEvent};
 use sha2::{Digest, Sha256};
@@ -25,10 +26,21 @@ fn cheap_hash(password: &str) -> String {
 pub struct TestConsole {
     pub db: TestDatabase,
     pub running: RunningConsole,
+    pub cookies: CookieNames,
 }
 
 impl TestConsole {
     pub async fn start(read_only: bool) -> Self {
+        Self::start_with(read_only, false).await
+    }
+
+    /// A console whose cookies are `Secure` (and `__Host-` named), as in production; the tests
+    /// still reach it over plain HTTP, which the server does not check.
+    pub async fn start_with_secure_cookies() -> Self {
+        Self::start_with(false, true).await
+    }
+
+    async fn start_with(read_only: bool, cookie_secure: bool) -> Self {
         let db = TestDatabase::new().await;
         let users = format!(
             "{}:operator:{} {}:viewer:{}",
@@ -43,13 +55,17 @@ impl TestConsole {
             users_file: None,
             users: Some(users),
             session_lifetime: Duration::from_secs(3600),
-            cookie_secure: false,
+            cookie_secure,
             read_only,
             replay_batch: 1,
             db: db.args(4),
         };
         let running = server::start(&args).await.unwrap();
-        Self { db, running }
+        Self {
+            db,
+            running,
+            cookies: CookieNames::new(cookie_secure),
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -124,7 +140,7 @@ pub struct HttpSession {
     pub csrf_token: String,
 }
 
-fn set_cookie_value(response: &reqwest::Response, name: &str) -> Option<String> {
+pub fn set_cookie_value(response: &reqwest::Response, name: &str) -> Option<String> {
     response
         .headers()
         .get_all(reqwest::header::SET_COOKIE)
@@ -150,11 +166,12 @@ pub async fn try_log_in(
     (user, password): (&str, &str),
 ) -> reqwest::Response {
     let form = client.get(console.url("/login")).send().await.unwrap();
-    let login_cookie = set_cookie_value(&form, "console_login").unwrap();
+    let login = console.cookies.login;
+    let login_cookie = set_cookie_value(&form, login).unwrap();
     let token = hidden_value(&form.text().await.unwrap(), "login_token");
     client
         .post(console.url("/login"))
-        .header("cookie", format!("console_login={login_cookie}"))
+        .header("cookie", format!("{login}={login_cookie}"))
         .form(&[
             ("username", user),
             ("password", password),
@@ -173,7 +190,7 @@ impl HttpSession {
             .unwrap();
         let answer = try_log_in(&client, console, (user, password)).await;
         assert_eq!(answer.status(), 303, "login of {user}");
-        let cookie = set_cookie_value(&answer, "console_session").unwrap();
+        let cookie = set_cookie_value(&answer, console.cookies.session).unwrap();
         let mut session = Self {
             client,
             cookie,
@@ -187,10 +204,15 @@ impl HttpSession {
     pub async fn get(&self, console: &TestConsole, path: &str) -> reqwest::Response {
         self.client
             .get(console.url(path))
-            .header("cookie", format!("console_session={}", self.cookie))
+            .header("cookie", self.cookie_header(console))
             .send()
             .await
             .unwrap()
+    }
+
+    /// The `Cookie` header that carries the session.
+    pub fn cookie_header(&self, console: &TestConsole) -> String {
+        format!("{}={}", console.cookies.session, self.cookie)
     }
 
     /// The page of the replay job at `job` once it no longer runs (within ten seconds).
@@ -217,7 +239,7 @@ impl HttpSession {
     ) -> reqwest::Response {
         self.client
             .post(console.url(path))
-            .header("cookie", format!("console_session={}", self.cookie))
+            .header("cookie", self.cookie_header(console))
             .form(form)
             .send()
             .await

@@ -1,10 +1,13 @@
 //! The span every request's log lines are written in: `tracing-actix-web`'s fields, except
 //! that the target keeps its query's parameter names but never their values.
 //!
-//! A query can carry a configured secret: Meta's handshake sends the `verify_token` as
-//! `GET /webhooks/meta?hub.verify_token=...`. The default span records the whole target, and
-//! every line logged inside the request (a refused handshake, a refused webhook) would print
-//! it. Names are kept so that a log still says what was sent.
+//! A query can carry a configured secret or a sender's data: Meta's handshake sends the
+//! receiver its `verify_token` as `GET /webhooks/meta?hub.verify_token=...`, and the console's
+//! event filter carries what an operator searches the bodies for (an e-mail address, an
+//! account number). The default span records the whole target, and every line logged inside
+//! the request would print it. Names are kept so that a log still says what was sent.
+//!
+//! Built with the `http` feature, by the binaries that serve requests with actix-web.
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -16,8 +19,9 @@ use tracing_actix_web::{DefaultRootSpanBuilder, RequestId, RootSpanBuilder};
 /// What a query parameter's value is replaced with in the recorded target.
 pub const REDACTED: &str = "[redacted]";
 
-/// The [`RootSpanBuilder`] of the webhook app: [`DefaultRootSpanBuilder`]'s fields, with the
-/// target's query values redacted ([`redacted_target`]).
+/// The [`RootSpanBuilder`] of the receiver's and the console's apps:
+/// [`DefaultRootSpanBuilder`]'s fields, with the target's query values redacted
+/// ([`redacted_target`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RequestSpan;
 
