@@ -57,7 +57,7 @@ fn demo_event(n: usize) -> NewEvent {
         event_type: Some("order.created".into()),
         headers: serde_json::json!({}),
         body_sha256: [0; 32],
-        suppress_replays: false,
+        replays: inbox_core::inbox::ReplayCheck::Off,
         ordering: None,
         body,
     }

@@ -33,7 +33,7 @@ fn ordered(event_id: &str, key: &str, sequence: i64) -> NewEvent {
         event_type: None,
         headers: serde_json::json!({}),
         body_sha256: [0; 32],
-        suppress_replays: false,
+        replays: inbox_core::inbox::ReplayCheck::Off,
         ordering: Some(inbox::EventOrdering {
             key: inbox::ordering_key("demo", key),
             sequence,

@@ -24,7 +24,7 @@ fn keyed_event(key_value: &str, n: u32, sequence: i64) -> NewEvent {
         event_type: None,
         headers: serde_json::json!({}),
         body_sha256: [0; 32],
-        suppress_replays: false,
+        replays: inbox_core::inbox::ReplayCheck::Off,
         ordering: Some(EventOrdering {
             key: inbox::ordering_key("demo", key_value),
             sequence,

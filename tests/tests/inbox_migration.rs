@@ -88,7 +88,7 @@ async fn event(conn: &mut AsyncPgConnection, event_id: &str, body: &[u8]) -> New
         headers: serde_json::json!({}),
         body: body.to_vec(),
         body_sha256: digest.sha256.try_into().unwrap(),
-        suppress_replays: false,
+        replays: inbox_core::inbox::ReplayCheck::Off,
         ordering: None,
     }
 }
@@ -250,7 +250,7 @@ async fn reverting_refuses_to_drop_acknowledged_replays_pauses_or_ordered_events
             event_type: Some("push".into()),
             headers: serde_json::json!({}),
             body_sha256: <sha2::Sha256 as sha2::Digest>::digest(&body).into(),
-            suppress_replays: true,
+            replays: inbox_core::inbox::ReplayCheck::SameBody,
             ordering: key.map(|key| inbox::EventOrdering {
                 key: inbox::ordering_key("github", key),
                 sequence: 1,

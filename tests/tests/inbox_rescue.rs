@@ -21,7 +21,7 @@ fn events(n: usize) -> Vec<NewEvent> {
             event_type: None,
             headers: serde_json::json!({}),
             body_sha256: [0; 32],
-            suppress_replays: false,
+            replays: inbox_core::inbox::ReplayCheck::Off,
             ordering: None,
             body: b"{}".to_vec(),
         })

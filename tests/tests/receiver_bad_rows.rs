@@ -38,7 +38,7 @@ fn new_event(provider: &str, event_id: &str) -> NewEvent {
         event_type: None,
         headers: json!({}),
         body_sha256: Sha256::digest(&body).into(),
-        suppress_replays: false,
+        replays: inbox_core::inbox::ReplayCheck::Off,
         body,
         ordering: None,
     }

@@ -294,3 +294,76 @@ async fn a_timestamped_body_sent_again_within_its_tolerance_under_a_fresh_id_is_
         assert_eq!(suppressed[0].event_id, "d-2");
     }
 }
+
+const MAILGUN: &str = r#"
+[providers.mailgun]
+scheme = "mailgun"
+secrets = [{ env = "MAILGUN_KEY" }]
+"#;
+const MAILGUN_KEY: &str = "key-replay-test";
+
+/// A Mailgun body for `event_id`, signed (its `signature` block) with a token of its own.
+fn mailgun_delivery(event_id: &str) -> Vec<u8> {
+    let body = json!({"event-data": {"id": event_id, "event": "delivered"}}).to_string();
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+    .unwrap();
+    signed_request(
+        &*scheme("mailgun"),
+        MAILGUN_KEY,
+        "",
+        body.as_bytes(),
+        event_id,
+        now,
+    )
+    .body
+}
+
+/// Mailgun signs only `{timestamp}{token}`: a captured delivery's `signature` block verifies
+/// over any `event-data`. A delivery whose token was seen before under another event id is a
+/// replay, kept apart; the same id again is a duplicate; a fresh token is a new event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mailgun_token_seen_before_under_another_event_id_is_a_replay() {
+    let db = TestDatabase::new().await;
+    let receiver = TestReceiver::start(
+        serve_args(&db, receiver::ingest::IngestMode::GroupCommit),
+        providers(MAILGUN, &[("MAILGUN_KEY", MAILGUN_KEY)]),
+    )
+    .await;
+    let post = |body: Vec<u8>| receiver.post_webhook("mailgun", &[], body);
+
+    let original = mailgun_delivery("mg-1");
+    assert_eq!(
+        post(original.clone()).await.json,
+        json!({"status": "accepted"})
+    );
+    assert_eq!(
+        post(original.clone()).await.json,
+        json!({"status": "duplicate"})
+    );
+    // The captured signature block over other event data.
+    let mut forged: serde_json::Value = serde_json::from_slice(&original).unwrap();
+    forged["event-data"] = json!({"id": "mg-forged", "event": "complained"});
+    let forged = serde_json::to_vec(&forged).unwrap();
+    let replay = post(forged).await;
+    assert_eq!(replay.status, 200, "{:?}", replay.json);
+    assert_eq!(
+        post(mailgun_delivery("mg-2")).await.json,
+        json!({"status": "accepted"})
+    );
+
+    let mut conn = db.connect().await;
+    assert_eq!(queued_event_ids(&mut conn).await, ["mg-1", "mg-2"]);
+    let suppressed = replays::list(&mut conn, Some("mailgun"), None, 10)
+        .await
+        .unwrap();
+    let [replay] = suppressed.as_slice() else {
+        panic!("one suppressed replay: {suppressed:?}");
+    };
+    assert_eq!(replay.event_id, "mg-forged");
+    assert_eq!(replay.original_event_id.as_deref(), Some("mg-1"));
+}

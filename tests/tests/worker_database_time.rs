@@ -35,7 +35,7 @@ fn event() -> NewEvent {
         event_type: Some("test.event".into()),
         headers: serde_json::json!({}),
         body_sha256: [0; 32],
-        suppress_replays: false,
+        replays: inbox_core::inbox::ReplayCheck::Off,
         ordering: None,
         body: br#"{"id":"evt_contended"}"#.to_vec(),
     }

@@ -23,7 +23,7 @@ fn event(n: usize, event_type: &str) -> NewEvent {
         event_type: Some(event_type.into()),
         headers: serde_json::json!({}),
         body_sha256: [0; 32],
-        suppress_replays: false,
+        replays: inbox_core::inbox::ReplayCheck::Off,
         ordering: None,
         body,
     }
@@ -383,7 +383,7 @@ async fn payment_events_reach_the_same_state_in_either_order_and_each_refund_cou
             event_type: Some(event_type.into()),
             headers: serde_json::json!({}),
             body_sha256: [0; 32],
-            suppress_replays: false,
+            replays: inbox_core::inbox::ReplayCheck::Off,
             ordering: None,
             body: body.to_string().into_bytes(),
         }

@@ -75,7 +75,7 @@ fn event(id: &str, event_type: &str) -> NewEvent {
             "content-type": "application/json",
         }),
         body_sha256: [0; 32],
-        suppress_replays: false,
+        replays: inbox_core::inbox::ReplayCheck::Off,
         ordering: None,
         body: format!(r#"{{"id":"{id}", "spacing" :  "kept exactly"}}"#).into_bytes(),
     }

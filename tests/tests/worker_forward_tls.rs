@@ -170,7 +170,7 @@ fn event(id: &str, event_type: &str) -> NewEvent {
         event_type: Some(event_type.into()),
         headers: serde_json::json!({"content-type": "application/json"}),
         body_sha256: [0; 32],
-        suppress_replays: false,
+        replays: inbox_core::inbox::ReplayCheck::Off,
         ordering: None,
         body: format!(r#"{{"id":"{id}"}}"#).into_bytes(),
     }

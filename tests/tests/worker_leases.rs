@@ -21,7 +21,7 @@ fn event(id: &str) -> NewEvent {
         event_type: Some("test.event".into()),
         headers: serde_json::json!({}),
         body_sha256: [0; 32],
-        suppress_replays: false,
+        replays: inbox_core::inbox::ReplayCheck::Off,
         ordering: None,
         body: format!(r#"{{"id":"{id}"}}"#).into_bytes(),
     }

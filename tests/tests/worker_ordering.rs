@@ -30,7 +30,7 @@ fn ordered_event(key: &str, sequence: i64, hold: Duration) -> NewEvent {
         event_type: Some("thing.updated".into()),
         headers: serde_json::json!({}),
         body_sha256: [0; 32],
-        suppress_replays: false,
+        replays: inbox_core::inbox::ReplayCheck::Off,
         ordering: Some(EventOrdering {
             key: ordering_key(PROVIDER, key),
             sequence,

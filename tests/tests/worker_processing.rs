@@ -19,7 +19,7 @@ fn event(n: usize) -> NewEvent {
         event_type: Some("test.event".into()),
         headers: serde_json::json!({}),
         body_sha256: [0; 32],
-        suppress_replays: false,
+        replays: inbox_core::inbox::ReplayCheck::Off,
         ordering: None,
         body,
     }

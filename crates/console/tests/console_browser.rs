@@ -440,7 +440,7 @@ async fn an_operator_and_a_viewer_use_the_console_in_chromium() {
     .await
     .unwrap();
     let guarded = |event_id: &str| inbox_core::inbox::NewEvent {
-        suppress_replays: true,
+        replays: inbox_core::inbox::ReplayCheck::SameBody,
         ..event("github", event_id, "push", r#"{"ref":"refs/heads/main"}"#)
     };
     inbox_core::inbox::insert_events(

@@ -710,7 +710,7 @@ async fn a_repair_whose_audit_row_cannot_be_written_does_not_happen() {
     claim_all(&mut conn, &[dead, head, job_first, job_second]).await;
     block_key_behind_dead_head(&mut conn, head, behind).await;
     let guarded = |event_id: &str| inbox_core::inbox::NewEvent {
-        suppress_replays: true,
+        replays: inbox_core::inbox::ReplayCheck::SameBody,
         ..event("github", event_id, "push", r#"{"ref":"main"}"#)
     };
     inbox_core::inbox::insert_events(&mut conn, &[guarded("g-1"), guarded("g-2")])
@@ -1133,7 +1133,7 @@ async fn refusals_are_grouped_by_cause_and_a_suppressed_replay_is_released_by_an
     .await
     .unwrap();
     let guarded = |event_id: &str| inbox_core::inbox::NewEvent {
-        suppress_replays: true,
+        replays: inbox_core::inbox::ReplayCheck::SameBody,
         ..event("github", event_id, "push", r#"{"ref":"main"}"#)
     };
     let outcomes = inbox_core::inbox::insert_events(&mut conn, &[guarded("d-1"), guarded("d-2")])

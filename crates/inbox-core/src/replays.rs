@@ -1,6 +1,6 @@
 //! Suppressed replays: events of a provider whose signature does not cover the event id,
-//! stored with a body that was already stored under another id (see
-//! [`crate::inbox::replay_key`]). They keep their dedup key, so a redelivery of their id is a
+//! stored with a body (for Mailgun, a signed token) that was already stored under another id
+//! (see [`crate::inbox::ReplayCheck`]). They keep their dedup key, so a redelivery of their id is a
 //! duplicate, and wait in `inbox_suppressed_replays`, never queued, until an operator releases
 //! one or the retention deletes it.
 

@@ -294,6 +294,21 @@ pub trait Scheme: std::fmt::Debug + Send + Sync {
         Vec::new()
     }
 
+    /// Whether the signature covers a single-use value (a nonce) but neither the body nor the
+    /// event id, as Mailgun's covers only `{timestamp}{token}`: whoever captured a delivery can
+    /// send any event under its signature until the timestamp expires, and only the nonce,
+    /// seen again, gives the copy away. [`Scheme::signed_nonce`] reads it.
+    fn signs_nonce_not_id(&self) -> bool {
+        false
+    }
+
+    /// The signed nonce of a verified request's body (see [`Scheme::signs_nonce_not_id`]);
+    /// `None` for the other schemes. A request that carries several events shares one nonce,
+    /// so only schemes of one event per request have one.
+    fn signed_nonce(&self, _body: &[u8]) -> Option<String> {
+        None
+    }
+
     /// Turns a configured secret (or public key) into a key, the way the provider writes it.
     /// Secrets read from files should be trimmed by the caller: a trailing newline would
     /// otherwise become part of the key.

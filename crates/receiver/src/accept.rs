@@ -72,6 +72,7 @@ pub async fn store_all(
     deadline: tokio::time::Instant,
 ) -> Result<Stored, ApiError> {
     let kept = stored_headers(headers, provider);
+    let replays = provider.replay_check(body);
     let rows = events
         .into_iter()
         .map(|event| {
@@ -97,7 +98,7 @@ pub async fn store_all(
                 headers: kept.clone(),
                 body_sha256: Sha256::digest(&body).into(),
                 ordering,
-                suppress_replays: provider.suppress_replays,
+                replays: replays.clone(),
                 body,
             })
         })

@@ -145,8 +145,8 @@ pub enum OperatorCommand {
         db: Database,
     },
     /// Replays suppressed at ingest, newest first: deliveries of a provider whose signature
-    /// does not cover the event id (GitHub, Shopify, Linear, ...) that carried a body already
-    /// stored under another id within the dedup window. Each was answered 200 and never
+    /// does not cover the event id (GitHub, Shopify, Linear, ...) that carried a body (Mailgun:
+    /// a signed token) already stored under another id. Each was answered 200 and never
     /// handed to a handler; `release` runs one after all.
     Replays {
         /// Only this provider.

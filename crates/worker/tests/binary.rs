@@ -19,7 +19,7 @@ fn event(n: usize, event_type: &str) -> NewEvent {
         event_type: Some(event_type.into()),
         headers: serde_json::json!({"content-type": "application/json"}),
         body_sha256: [0; 32],
-        suppress_replays: false,
+        replays: inbox_core::inbox::ReplayCheck::Off,
         ordering: None,
         body,
     }
@@ -525,7 +525,7 @@ async fn replays_lists_the_suppressed_replays_and_release_queues_one() {
     let mut conn = db.connect().await;
     let guarded = |event_id: &str| NewEvent {
         event_id: event_id.into(),
-        suppress_replays: true,
+        replays: inbox_core::inbox::ReplayCheck::SameBody,
         ..event(1, "push")
     };
     let outcomes = insert_events(&mut conn, &[guarded("d-1"), guarded("d-2")])

@@ -91,7 +91,7 @@ pub fn event(provider: &str, event_id: &str, event_type: &str, body: &str) -> Ne
         headers: serde_json::json!({"content-type": "application/json"}),
         body: body.as_bytes().to_vec(),
         body_sha256: Sha256::digest(body.as_bytes()).into(),
-        suppress_replays: false,
+        replays: inbox_core::inbox::ReplayCheck::Off,
         ordering: None,
     }
 }

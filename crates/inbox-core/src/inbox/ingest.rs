@@ -28,10 +28,41 @@ pub struct NewEvent {
     pub body_sha256: [u8; 32],
     /// Its place among its key's events, when its provider orders them.
     pub ordering: Option<EventOrdering>,
-    /// Whether the same body under another event id (same provider and type, within the dedup
-    /// window) is a replay, kept apart and never handed to a handler: set for providers whose
-    /// signature covers the body but not the id (see [`replay_key`]).
-    pub suppress_replays: bool,
+    /// Whether a copy of an earlier event under another id is recognised as a replay, kept
+    /// apart and never handed to a handler, and how.
+    pub replays: ReplayCheck,
+}
+
+/// How a copy of an earlier delivery sent under a new event id is recognised, for providers
+/// whose signature does not cover the event id. A copy is kept as a suppressed replay (answered
+/// like any event, never handed to a handler) for as long as its original's dedup key lives.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ReplayCheck {
+    /// Not checked: the signature covers the id (a copy is a duplicate already), or the
+    /// provider legitimately sends one body more than once.
+    #[default]
+    Off,
+    /// The same type and body as an event stored before ([`replay_key`]): the signature covers
+    /// the body but not the id.
+    SameBody,
+    /// The same signed nonce as an event stored before ([`nonce_replay_key`]): the signature
+    /// covers that single-use value but neither the body nor the id (Mailgun's token).
+    SameNonce(String),
+}
+
+impl ReplayCheck {
+    /// The replay key of `event` under this check, if any.
+    fn key(&self, event: &NewEvent) -> Option<[u8; 32]> {
+        match self {
+            Self::Off => None,
+            Self::SameBody => Some(replay_key(
+                &event.provider,
+                event.event_type.as_deref(),
+                &event.body_sha256,
+            )),
+            Self::SameNonce(nonce) => Some(nonce_replay_key(&event.provider, nonce)),
+        }
+    }
 }
 
 /// Where an event of an ordered provider stands among the events of its key.
@@ -69,6 +100,18 @@ pub fn replay_key(provider: &str, event_type: Option<&str>, body_sha256: &[u8; 3
     digest.finalize().into()
 }
 
+/// The replay key of an event whose provider signs a nonce and not the id
+/// ([`ReplayCheck::SameNonce`]): SHA-256 of its provider, length-prefixed, then `u64::MAX` (a
+/// length no type has, so no nonce key is ever a [`replay_key`]), then the nonce.
+pub fn nonce_replay_key(provider: &str, nonce: &str) -> [u8; 32] {
+    let mut digest = Sha256::new();
+    digest.update((provider.len() as u64).to_be_bytes());
+    digest.update(provider.as_bytes());
+    digest.update(u64::MAX.to_be_bytes());
+    digest.update(nonce.as_bytes());
+    digest.finalize().into()
+}
+
 /// What storing one event did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InsertOutcome {
@@ -80,7 +123,7 @@ pub enum InsertOutcome {
         /// (purged) by the time it was read.
         same_body: Option<bool>,
     },
-    /// Its body was stored already under another id ([`NewEvent::suppress_replays`]): kept in
+    /// It copies an event stored already under another id ([`NewEvent::replays`]): kept in
     /// `inbox_suppressed_replays` under its own dedup key, not queued, until an operator
     /// releases it ([`crate::replays`]).
     SuppressedReplay {
@@ -443,17 +486,7 @@ impl<'e> InsertColumns<'e> {
             holds: ordering()
                 .map(|o| o.map_or(0, |o| super::duration_millis(o.hold)))
                 .collect(),
-            replay_keys: chosen()
-                .map(|event| {
-                    event.suppress_replays.then(|| {
-                        replay_key(
-                            &event.provider,
-                            event.event_type.as_deref(),
-                            &event.body_sha256,
-                        )
-                    })
-                })
-                .collect(),
+            replay_keys: chosen().map(|event| event.replays.key(event)).collect(),
         }
     }
 

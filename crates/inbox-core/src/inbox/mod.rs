@@ -9,8 +9,8 @@ pub mod lease;
 pub mod pause;
 
 pub use ingest::{
-    insert_events, notify_new_events, ordering_key, rehearse_insert, EventOrdering, InsertOutcome,
-    NewEvent,
+    insert_events, nonce_replay_key, notify_new_events, ordering_key, rehearse_insert, replay_key,
+    EventOrdering, InsertOutcome, NewEvent, ReplayCheck,
 };
 pub use lease::{
     claim_due, complete, complete_all, complete_all_keyed, dead_letter, extend_lease,

@@ -1,7 +1,9 @@
 //! Mailgun: the signature travels in the JSON body, `"signature": {"timestamp", "token",
 //! "signature"}`, the last being hex HMAC-SHA256 with the Webhook Signing Key over `timestamp +
 //! token` (no separator): the rest of the body is not covered, which is Mailgun's design, so
-//! tokens should not be reused (the dedup key, `event-data.id`, makes a replay a duplicate).
+//! a token must not be taken twice: the scheme hands it to the receiver as its signed nonce,
+//! and a delivery carrying a token seen before under another event id is a suppressed replay
+//! (the same id is a duplicate already).
 //! Mailgun suggests a loose timestamp check: 5 minutes by default.
 //! Event id: body `event-data.id`; type: body `event-data.event`.
 
@@ -88,6 +90,16 @@ impl Scheme for Mailgun {
         Vec::new()
     }
 
+    fn signs_nonce_not_id(&self) -> bool {
+        true
+    }
+
+    fn signed_nonce(&self, body: &[u8]) -> Option<String> {
+        parse_mailgun_body(body)
+            .ok()
+            .map(|signature| signature.token)
+    }
+
     fn key_from_secret(&self, secret: &str) -> Result<SigningKey, KeyError> {
         SigningKey::from_bytes(secret.as_bytes())
     }
@@ -165,6 +177,17 @@ mod tests {
             body,
             1_700_000_000,
         );
+    }
+
+    #[test]
+    fn the_signed_token_is_the_nonce() {
+        let scheme = Mailgun {
+            tolerance: DEFAULT_TOLERANCE,
+        };
+        assert!(scheme.signs_nonce_not_id());
+        let body = br#"{"signature":{"timestamp":"1","token":"tok-1","signature":"00"},"event-data":{"id":"e"}}"#;
+        assert_eq!(scheme.signed_nonce(body).as_deref(), Some("tok-1"));
+        assert_eq!(scheme.signed_nonce(b"{}"), None);
     }
 
     #[test]

@@ -40,7 +40,8 @@ the dedup key. Names: 1-64 characters of a-z, 0-9, '-' and '_'.
                              processed until `worker release`. Default: on where a seen delivery
                              could be sent again under a fresh id (the id may come from a header
                              the signature does not cover, timestamp or not: github, shopify,
-                             woocommerce, linear, ...); off elsewhere
+                             woocommerce, linear, ...; mailgun, whose signed token seen again
+                             under another id marks the copy); off elsewhere
 
   [providers.<name>.ordering]      opt-in: one event at a time per key, in sequence order
   key = { json_pointer = "/data/object/id" } | { header = "X-Entity" }

@@ -34,6 +34,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use inbox_core::inbox::ReplayCheck;
 use inbox_signature::{Ack, Batch, Field, Profile, Scheme, SigningKey};
 use serde::Deserialize;
 
@@ -169,9 +170,24 @@ pub struct Provider {
     pub keep_headers: Option<Vec<String>>,
     /// When set, its events are processed one at a time per key, in sequence order.
     pub ordering: Option<crate::ordering::OrderingSpec>,
-    /// Whether the same body under a new id (and the same type) is a replay, stored apart
-    /// and never handed to a handler ([`inbox_core::inbox::NewEvent::suppress_replays`]).
+    /// Whether a copy of an earlier delivery under a new id is a replay, stored apart and never
+    /// handed to a handler ([`Provider::replay_check`]).
     pub suppress_replays: bool,
+}
+
+impl Provider {
+    /// How the events of a verified request with `body` are checked for replays: by the nonce
+    /// the signature covers, for a scheme that signs one instead of the id (Mailgun's token);
+    /// else by their body; not at all when the provider does not suppress replays.
+    pub fn replay_check(&self, body: &[u8]) -> ReplayCheck {
+        if !self.suppress_replays {
+            return ReplayCheck::Off;
+        }
+        match self.scheme.signed_nonce(body) {
+            Some(nonce) => ReplayCheck::SameNonce(nonce),
+            None => ReplayCheck::SameBody,
+        }
+    }
 }
 
 /// Every configured provider, by name.

@@ -146,7 +146,9 @@ pub(super) fn build_provider(
 /// the signature does not cover, so a copy of the signed body under a fresh id still verifies.
 /// A signed timestamp does not prevent it: within its tolerance (Linear's 60 s, a template's
 /// 5 min) the copy is as good as the original. Where the id is read from the signed body or a
-/// signed header, a copy carries the same id and is a duplicate already; providers with no id
+/// signed header, a copy carries the same id and is a duplicate already. Where the signature
+/// covers a nonce and neither the body nor the id (Mailgun), a copy is one that carries a nonce
+/// seen before. Providers with no id
 /// (Dropbox) or that sign the URL (Twilio) legitimately send one body more than once; a static
 /// credential or no signature at all lets its holder send anything.
 fn replayable_under_new_ids(spec: &ProviderSpec, scheme: &dyn Scheme, identity: &Identity) -> bool {
@@ -157,7 +159,7 @@ fn replayable_under_new_ids(spec: &ProviderSpec, scheme: &dyn Scheme, identity: 
     !spec.unsigned
         && scheme.family() != Family::Credential
         && !scheme.profile().signs_url
-        && id_from_unsigned_header
+        && (id_from_unsigned_header || scheme.signs_nonce_not_id())
 }
 
 fn lowercase(names: &[String]) -> Vec<String> {
