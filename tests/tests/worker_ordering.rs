@@ -1033,3 +1033,103 @@ async fn events_handed_on_together_run_in_free_slots_at_once() {
     );
     assert!(slow.calls.lock().unwrap().values().all(|&calls| calls == 1));
 }
+
+/// Retention forgetting keys while their events arrive and four workers run them: every key
+/// idle at a moment is forgotten (the cutoff is in the future), again and again, beside
+/// arrivals that make the keys anew. Each key's events still run one at a time, in sequence
+/// order, each once, and none is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forgetting_idle_keys_beside_arrivals_and_four_workers_keeps_each_key_in_order() {
+    const KEYS: usize = 200;
+    const PER_KEY: i64 = 10;
+    const SENDERS: usize = 4;
+    let db = TestDatabase::new().await;
+    let recorder = Arc::new(Recorder::default());
+    let workers = start_workers(&db, &recorder, 4);
+
+    let delivering = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let mut forgetter = db.connect().await;
+    let still_delivering = Arc::clone(&delivering);
+    // After each pass, no queued event may have lost its key's row (the row every writer of
+    // the key locks, and where its processed sequence is kept).
+    let keyless = "SELECT count(*) AS n FROM inbox_queue AS queue \
+                   WHERE queue.ordering_key IS NOT NULL AND NOT EXISTS ( \
+                       SELECT 1 FROM inbox_keys AS key \
+                       WHERE key.ordering_key = queue.ordering_key)";
+    let forgetting = tokio::spawn(async move {
+        let (mut forgotten, mut keyless_seen, mut rounds) = (0, 0, 0);
+        while still_delivering.load(Ordering::SeqCst) || rounds == 0 {
+            let cutoff = chrono::Utc::now() + chrono::TimeDelta::days(1);
+            forgotten += inbox_core::ordering::forget_idle_keys(&mut forgetter, cutoff, 7)
+                .await
+                .unwrap();
+            keyless_seen += count(&mut forgetter, keyless).await;
+            rounds += 1;
+        }
+        (forgotten, keyless_seen)
+    });
+
+    // Each sender owns a share of the keys and sends their events in sequence order, one
+    // round of sequences after another, its keys shuffled within each round.
+    let mut senders = tokio::task::JoinSet::new();
+    for sender in 0..SENDERS {
+        let mut conn = db.connect().await;
+        let mut rng = StdRng::seed_from_u64(sender as u64);
+        senders.spawn(async move {
+            let mut keys: Vec<usize> = (sender..KEYS).step_by(SENDERS).collect();
+            for sequence in 1..=PER_KEY {
+                keys.shuffle(&mut rng);
+                for batch in keys.chunks(5) {
+                    let events: Vec<NewEvent> = batch
+                        .iter()
+                        .map(|key| ordered_event(&format!("k{key}"), sequence, Duration::ZERO))
+                        .collect();
+                    insert_events(&mut conn, &events).await.unwrap();
+                }
+            }
+        });
+    }
+    while let Some(result) = senders.join_next().await {
+        result.unwrap();
+    }
+    let mut conn = db.connect().await;
+    wait_for_count(
+        &mut conn,
+        "every event is done",
+        "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
+        KEYS as i64 * PER_KEY,
+        Duration::from_secs(120),
+    )
+    .await;
+    delivering.store(false, Ordering::SeqCst);
+    let (forgotten, keyless_seen) = forgetting.await.unwrap();
+    for worker in workers {
+        worker.stop().await;
+    }
+
+    assert!(forgotten > 0, "no key was forgotten meanwhile");
+    assert_eq!(
+        keyless_seen, 0,
+        "queued events found without their key's row"
+    );
+    assert_eq!(
+        recorder.overlaps.load(Ordering::SeqCst),
+        0,
+        "two events of a key ran at once"
+    );
+    for key in 0..KEYS {
+        let key = format!("k{key}");
+        let seen = recorder.seen(&key);
+        let sequences: Vec<i64> = seen.iter().map(|s| s.sequence).collect();
+        assert_eq!(
+            sequences,
+            (1..=PER_KEY).collect::<Vec<_>>(),
+            "key {key}: each event once, in order: {seen:?}"
+        );
+        assert!(seen.iter().all(|s| !s.stale), "key {key}: {seen:?}");
+    }
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM inbox_queue").await,
+        0
+    );
+}
