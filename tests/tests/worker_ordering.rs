@@ -922,15 +922,9 @@ impl Handler for CountingHandler {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_handed_on_keep_their_leases_while_they_wait_for_a_slot() {
-    const KEYS: usize = 3;
-    let db = TestDatabase::new().await;
-    let mut conn = db.connect().await;
-    // Each key's first event is quick and batchable: one transaction completes them and hands
-    // on their second events, which need a transaction each and run one after another in the
-    // worker's one slot, each for longer than a lease.
-    let events: Vec<NewEvent> = (0..KEYS)
+/// Two events for each of `keys` keys: a `quick` one, then a `slow` one.
+fn quick_then_slow(keys: usize) -> Vec<NewEvent> {
+    (0..keys)
         .flat_map(|n| {
             let key = format!("k{n}");
             let mut first = ordered_event(&key, 1, Duration::ZERO);
@@ -939,13 +933,30 @@ async fn events_handed_on_keep_their_leases_while_they_wait_for_a_slot() {
             second.event_type = Some("slow".into());
             [first, second]
         })
-        .collect();
-    insert_events(&mut conn, &events).await.unwrap();
+        .collect()
+}
+
+/// Routes `quick` events to `quick` and `slow` events to `slow`.
+fn quick_and_slow_routes(quick: &Arc<CountingHandler>, slow: &Arc<CountingHandler>) -> Router {
+    Router::new()
+        .route(None, Some("quick"), Arc::clone(quick) as Arc<dyn Handler>)
+        .route(None, Some("slow"), Arc::clone(slow) as Arc<dyn Handler>)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_handed_on_keep_their_leases_while_they_wait_for_a_slot() {
+    const KEYS: usize = 3;
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    // Each key's first event is quick and batchable: one transaction completes them and hands
+    // on their second events, which need a transaction each and run one after another in the
+    // worker's one slot, each for longer than a lease.
+    insert_events(&mut conn, &quick_then_slow(KEYS))
+        .await
+        .unwrap();
     let quick = CountingHandler::new(Duration::ZERO, true);
     let slow = CountingHandler::new(Duration::from_millis(1500), false);
-    let router = Router::new()
-        .route(None, Some("quick"), Arc::clone(&quick) as Arc<dyn Handler>)
-        .route(None, Some("slow"), Arc::clone(&slow) as Arc<dyn Handler>);
+    let router = quick_and_slow_routes(&quick, &slow);
     let mut settings = worker_settings("w-handed-on");
     settings.lease = Duration::from_secs(1);
     settings.claimers = 1;
@@ -986,23 +997,13 @@ async fn events_handed_on_together_run_in_free_slots_at_once() {
     const KEYS: usize = 4;
     let db = TestDatabase::new().await;
     let mut conn = db.connect().await;
-    let events: Vec<NewEvent> = (0..KEYS)
-        .flat_map(|n| {
-            let key = format!("k{n}");
-            let mut first = ordered_event(&key, 1, Duration::ZERO);
-            first.event_type = Some("quick".into());
-            let mut second = ordered_event(&key, 2, Duration::ZERO);
-            second.event_type = Some("slow".into());
-            [first, second]
-        })
-        .collect();
-    insert_events(&mut conn, &events).await.unwrap();
+    insert_events(&mut conn, &quick_then_slow(KEYS))
+        .await
+        .unwrap();
     // Long enough that quick events in slots of their own would overlap.
     let quick = CountingHandler::new(Duration::from_millis(50), true);
     let slow = CountingHandler::new(Duration::from_millis(500), false);
-    let router = Router::new()
-        .route(None, Some("quick"), Arc::clone(&quick) as Arc<dyn Handler>)
-        .route(None, Some("slow"), Arc::clone(&slow) as Arc<dyn Handler>);
+    let router = quick_and_slow_routes(&quick, &slow);
     let mut settings = worker_settings("w-handed-on-together");
     settings.claimers = 1;
     settings.concurrency = KEYS;
