@@ -34,6 +34,7 @@
 mod error;
 pub mod family;
 mod headers;
+mod json_scalar;
 mod key;
 mod parse;
 pub mod providers;

@@ -10,9 +10,11 @@
 //! `eventCode` and `success`; Adyen expects the answer `[accepted]`. No timestamp.
 
 use base64::Engine as _;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::family::first_match;
+use crate::json_scalar::{is_json, JsonScalar};
 use crate::parse::DIGEST_BASE64;
 use crate::providers::Options;
 use crate::{
@@ -32,30 +34,67 @@ pub fn build(_: &Options) -> Result<Box<dyn Scheme>, String> {
     Ok(Box::new(Adyen))
 }
 
-const SIGNED_FIELDS: [&str; 8] = [
-    "/pspReference",
-    "/originalReference",
-    "/merchantAccountCode",
-    "/merchantReference",
-    "/amount/value",
-    "/amount/currency",
-    "/eventCode",
-    "/success",
-];
+/// An Adyen body, read for its signed fields alone (see [`crate::json_scalar`]).
+#[derive(Deserialize)]
+struct Notification {
+    #[serde(rename = "notificationItems")]
+    items: Vec<NotificationItem>,
+}
 
-/// The signed string of one `NotificationRequestItem`.
-#[must_use]
-pub fn data_to_sign(item: &Value) -> String {
-    SIGNED_FIELDS
-        .iter()
-        .map(|pointer| match item.pointer(pointer) {
-            Some(Value::String(text)) => text.clone(),
-            Some(Value::Number(number)) => number.to_string(),
-            Some(Value::Bool(flag)) => flag.to_string(),
-            _ => String::new(),
-        })
+#[derive(Deserialize)]
+struct NotificationItem {
+    #[serde(rename = "NotificationRequestItem")]
+    item: SignedFields,
+}
+
+/// The fields of a `NotificationRequestItem` its HMAC covers, and the HMAC.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SignedFields {
+    psp_reference: Option<JsonScalar>,
+    original_reference: Option<JsonScalar>,
+    merchant_account_code: Option<JsonScalar>,
+    merchant_reference: Option<JsonScalar>,
+    amount: Option<Amount>,
+    event_code: Option<JsonScalar>,
+    success: Option<JsonScalar>,
+    additional_data: Option<AdditionalData>,
+}
+
+#[derive(Deserialize)]
+struct Amount {
+    value: Option<JsonScalar>,
+    currency: Option<JsonScalar>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AdditionalData {
+    hmac_signature: Option<JsonScalar>,
+}
+
+impl SignedFields {
+    /// `pspReference:originalReference:merchantAccountCode:merchantReference:amount.value:amount.currency:eventCode:success`,
+    /// absent fields empty.
+    fn data_to_sign(self) -> String {
+        let (value, currency) = self
+            .amount
+            .map_or((None, None), |amount| (amount.value, amount.currency));
+        [
+            self.psp_reference,
+            self.original_reference,
+            self.merchant_account_code,
+            self.merchant_reference,
+            value,
+            currency,
+            self.event_code,
+            self.success,
+        ]
+        .into_iter()
+        .map(|field| field.map(JsonScalar::into_text).unwrap_or_default())
         .collect::<Vec<_>>()
         .join(":")
+    }
 }
 
 /// Each item's signed string and decoded `hmacSignature`.
@@ -63,31 +102,45 @@ pub fn data_to_sign(item: &Value) -> String {
 /// # Errors
 /// [`VerifyError::MalformedBody`] for a body without items, or an item without a signature.
 pub fn parse_adyen_body(body: &[u8]) -> Result<Vec<(String, Vec<u8>)>, VerifyError> {
-    let json: Value =
-        serde_json::from_slice(body).map_err(|_| VerifyError::MalformedBody("not JSON"))?;
-    let items = json
-        .get("notificationItems")
-        .and_then(Value::as_array)
-        .filter(|items| !items.is_empty())
-        .ok_or(VerifyError::MalformedBody("no notificationItems"))?;
-    items
-        .iter()
-        .map(|item| {
-            let item = item
-                .get("NotificationRequestItem")
-                .ok_or(VerifyError::MalformedBody(
-                    "an item without NotificationRequestItem",
-                ))?;
+    let notification: Notification = serde_json::from_slice(body).map_err(|_| {
+        VerifyError::MalformedBody(if is_json(body) {
+            "no notificationItems, or an item without NotificationRequestItem"
+        } else {
+            "not JSON"
+        })
+    })?;
+    if notification.items.is_empty() {
+        return Err(VerifyError::MalformedBody("no notificationItems"));
+    }
+    notification
+        .items
+        .into_iter()
+        .map(|NotificationItem { mut item }| {
             let signature = item
-                .pointer("/additionalData/hmacSignature")
-                .and_then(Value::as_str)
-                .and_then(|text| DIGEST_BASE64.decode(text.trim()).ok())
+                .additional_data
+                .take()
+                .and_then(|data| data.hmac_signature)
+                .and_then(|text| match text {
+                    JsonScalar::Text(text) => DIGEST_BASE64.decode(text.trim()).ok(),
+                    _ => None,
+                })
                 .ok_or(VerifyError::MalformedBody(
                     "an item without a base64 hmacSignature",
                 ))?;
-            Ok((data_to_sign(item), signature))
+            Ok((item.data_to_sign(), signature))
         })
         .collect()
+}
+
+/// The signed string of one `NotificationRequestItem` given as a parsed value.
+fn data_to_sign(item: &Value) -> Result<String, SignError> {
+    serde_json::from_value::<SignedFields>(item.clone())
+        .map(SignedFields::data_to_sign)
+        .map_err(|_| {
+            SignError::Body(
+                "a NotificationRequestItem whose amount or additionalData is not an object",
+            )
+        })
 }
 
 impl Scheme for Adyen {
@@ -136,7 +189,7 @@ impl Scheme for Adyen {
                 .get_mut("NotificationRequestItem")
                 .and_then(Value::as_object_mut)
                 .ok_or(SignError::Body("an item without NotificationRequestItem"))?;
-            let data = data_to_sign(&Value::Object(item.clone()));
+            let data = data_to_sign(&Value::Object(item.clone()))?;
             let signature = DIGEST_BASE64.encode(key.hmac(Algorithm::Sha256, &[data.as_bytes()]));
             let additional = item
                 .entry("additionalData")

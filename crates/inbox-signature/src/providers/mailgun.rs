@@ -9,7 +9,10 @@
 
 use std::time::Duration;
 
+use serde::Deserialize;
+
 use crate::family::first_match;
+use crate::json_scalar::{is_json, JsonScalar};
 use crate::parse::parse_timestamp;
 use crate::providers::{fields, tolerance_or, Options};
 use crate::time::check_tolerance;
@@ -46,27 +49,46 @@ pub struct MailgunSignature {
     pub digest: Vec<u8>,
 }
 
+/// A Mailgun body, read for its `signature` object alone (see [`crate::json_scalar`]).
+#[derive(Deserialize)]
+struct Body {
+    signature: Option<SignatureObject>,
+}
+
+#[derive(Deserialize)]
+struct SignatureObject {
+    timestamp: Option<JsonScalar>,
+    token: Option<JsonScalar>,
+    signature: Option<JsonScalar>,
+}
+
 /// Reads the `signature` object of a Mailgun body.
 ///
 /// # Errors
 /// [`VerifyError::MalformedBody`] naming the missing part.
 pub fn parse_mailgun_body(body: &[u8]) -> Result<MailgunSignature, VerifyError> {
-    let json: serde_json::Value =
-        serde_json::from_slice(body).map_err(|_| VerifyError::MalformedBody("not JSON"))?;
-    let text = |name: &str| {
-        json.pointer(&format!("/signature/{name}"))
-            .and_then(|value| match value {
-                serde_json::Value::String(text) => Some(text.clone()),
-                serde_json::Value::Number(number) => Some(number.to_string()),
-                _ => None,
-            })
+    const MISSING: VerifyError =
+        VerifyError::MalformedBody("no signature.timestamp, token and signature");
+    let parsed: Body = serde_json::from_slice(body).map_err(|_| {
+        if is_json(body) {
+            MISSING
+        } else {
+            VerifyError::MalformedBody("not JSON")
+        }
+    })?;
+    let text = |value: Option<JsonScalar>| value.and_then(JsonScalar::text_or_number);
+    let Some(SignatureObject {
+        timestamp,
+        token,
+        signature,
+    }) = parsed.signature
+    else {
+        return Err(MISSING);
     };
     let (Some(timestamp), Some(token), Some(signature)) =
-        (text("timestamp"), text("token"), text("signature"))
+        (text(timestamp), text(token), text(signature))
     else {
-        return Err(VerifyError::MalformedBody(
-            "no signature.timestamp, token and signature",
-        ));
+        return Err(MISSING);
     };
     let digest = hex::decode(signature.trim())
         .map_err(|_| VerifyError::MalformedBody("signature.signature is not hex"))?;

@@ -75,6 +75,9 @@ fn names_in(headers: &dyn HeaderSource) -> &'static Names {
     }
 }
 
+/// The most signatures a signature header may list.
+pub const MAX_LISTED_SIGNATURES: usize = 8;
+
 /// The `v1a,<base64>` (Ed25519) entries of a signature list, decoded; others are skipped.
 #[must_use]
 pub fn parse_v1a_signatures(value: &str) -> Vec<Vec<u8>> {
@@ -154,6 +157,11 @@ impl Scheme for StandardWebhooks {
         let raw_timestamp = request.required(names.timestamp)?;
         let timestamp = parse_timestamp(raw_timestamp)
             .ok_or_else(|| VerifyError::MalformedHeader(names.timestamp.to_owned()))?;
+        // Each listed Ed25519 signature costs a hash of the whole body per key: a sender
+        // rotating its keys lists two or three, and a longer list is refused unread.
+        if list.split_ascii_whitespace().count() > MAX_LISTED_SIGNATURES {
+            return Err(VerifyError::MalformedHeader(names.signature.to_owned()));
+        }
         // The parser names the `webhook-*` header; name the one actually read.
         let v1 = crate::parse_standard_signatures(list)
             .map_err(|_| VerifyError::MalformedHeader(names.signature.to_owned()))?;
@@ -330,6 +338,25 @@ mod tests {
                 1_614_265_330
             ),
             Err(VerifyError::NoMatch)
+        );
+    }
+
+    #[test]
+    fn a_list_longer_than_a_rotation_needs_is_refused_unread() {
+        let run = |list: &str| {
+            let headers = [
+                ("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek"),
+                ("webhook-timestamp", "1614265330"),
+                ("webhook-signature", list),
+            ];
+            verify(&SCHEME, PUBLIC, "", &headers, BODY, 1_614_265_330)
+        };
+        let decoys = ["v1a,AAAA"; MAX_LISTED_SIGNATURES - 1].join(" ");
+        let at_most = format!("{decoys} {V1A}");
+        assert!(run(&at_most).is_ok());
+        assert_eq!(
+            run(&format!("v1a,AAAA {at_most}")),
+            Err(VerifyError::MalformedHeader("webhook-signature".to_owned()))
         );
     }
 
