@@ -1,6 +1,7 @@
 //! Start-up: the `serve` flags, the shared state of the handlers, and the two HTTP servers
 //! (console, metrics) they describe.
 
+use inbox_core::durations::DurationFlag;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -171,8 +172,19 @@ impl RunningConsole {
     }
 }
 
+/// Refuses a zero session lifetime (no login would last) and durations that are typing errors.
+fn check_durations(args: &ServeArgs) -> anyhow::Result<()> {
+    let mut flags = vec![DurationFlag::period(
+        "--session-lifetime",
+        args.session_lifetime,
+    )];
+    flags.extend(args.db.duration_flags());
+    inbox_core::durations::check_all(&flags).map_err(anyhow::Error::msg)
+}
+
 /// Binds both listeners and starts serving.
 pub async fn start(args: &ServeArgs) -> anyhow::Result<RunningConsole> {
+    check_durations(args)?;
     let users = args.load_users()?;
     let pool = args.db.pool().context("database settings")?;
     let metrics = Metrics::new();
@@ -231,4 +243,29 @@ pub async fn start(args: &ServeArgs) -> anyhow::Result<RunningConsole> {
         metrics_server: tokio::spawn(metrics_server),
         state,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve_args(flags: &[&str]) -> ServeArgs {
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let fixed = ["console", "--database-url", "postgres://db"];
+        <Command as clap::Parser>::try_parse_from(fixed.iter().chain(flags))
+            .expect("flags")
+            .serve
+    }
+
+    #[test]
+    fn a_zero_session_lifetime_refuses_to_start_naming_the_flag() {
+        assert!(check_durations(&serve_args(&[])).is_ok());
+        let err =
+            check_durations(&serve_args(&["--session-lifetime", "0s"])).expect_err("zero lifetime");
+        assert!(err.to_string().contains("--session-lifetime 0s"), "{err}");
+    }
 }

@@ -14,6 +14,8 @@ use diesel_async::{AsyncMigrationHarness, AsyncPgConnection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use futures_util::FutureExt;
 
+use crate::durations::DurationFlag;
+
 pub use crate::pg_connect::{
     establish, ConnectError, ConnectionSettings, SessionLimits, SettingsError,
 };
@@ -63,6 +65,21 @@ pub struct DatabaseArgs {
     /// the longest handler (route timeout).
     #[arg(long, env = "INBOX_DB_IDLE_IN_TRANSACTION_TIMEOUT", value_parser = humantime::parse_duration, default_value = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT)]
     pub db_idle_in_transaction_timeout: Duration,
+}
+
+impl DatabaseArgs {
+    /// The duration flags to check at start ([`crate::durations`]): a zero connect timeout
+    /// would fail every connection; the two session timeouts may be 0s (the server's own).
+    pub fn duration_flags(&self) -> [DurationFlag; 3] {
+        [
+            DurationFlag::interval("--db-connect-timeout", self.db_connect_timeout),
+            DurationFlag::wait("--db-statement-timeout", self.db_statement_timeout),
+            DurationFlag::wait(
+                "--db-idle-in-transaction-timeout",
+                self.db_idle_in_transaction_timeout,
+            ),
+        ]
+    }
 }
 
 impl std::fmt::Debug for DatabaseArgs {

@@ -8,6 +8,7 @@
 
 pub mod backoff;
 pub mod db;
+pub mod durations;
 pub mod inbox;
 pub mod journal;
 pub mod limits;

@@ -12,6 +12,7 @@ use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 use clap::builder::TypedValueParser as _;
 use inbox_core::db::DatabaseArgs;
+use inbox_core::durations::{self, DurationFlag};
 use tokio::net::TcpStream;
 
 use crate::budget::BodyBudget;
@@ -159,6 +160,7 @@ impl RunningReceiver {
 /// Binds both listeners and starts serving. Must run inside a tokio runtime.
 pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<RunningReceiver> {
     check_body_limits(args.max_body_bytes, args.max_body_bytes_in_flight)?;
+    check_durations(args)?;
     let metrics = Metrics::new();
     let pool = args.db.pool().context("reading the database settings")?;
     let connection = args
@@ -242,6 +244,21 @@ pub async fn start(args: &ServeArgs, providers: Providers) -> anyhow::Result<Run
         server: tokio::spawn(server),
         metrics_server: tokio::spawn(metrics_server),
     })
+}
+
+/// Refuses duration flags that would quietly refuse every request (a zero `--db-deadline`
+/// answers every one 503 while `/readyz` says ready) or that are typing errors.
+pub fn check_durations(args: &ServeArgs) -> anyhow::Result<()> {
+    let mut flags = vec![
+        DurationFlag::interval("--db-deadline", args.db_deadline),
+        DurationFlag::interval("--body-timeout", args.body_timeout),
+        DurationFlag::wait("--head-timeout", args.head_timeout),
+        DurationFlag::short_wait("--notify-spacing", args.notify_spacing),
+        DurationFlag::wait("--shutdown-timeout", args.shutdown_timeout),
+        DurationFlag::period("--rejections-max-age", args.rejections_max_age),
+    ];
+    flags.extend(args.db.duration_flags());
+    durations::check_all(&flags).map_err(anyhow::Error::msg)
 }
 
 /// Refuses a body limit the budget of bytes in flight could never take: bodies between the two
@@ -381,6 +398,54 @@ mod tests {
             "a small body may use all"
         );
         assert!(check_body_limits(64 * 1024 + 1, 80 * 1024).is_err());
+    }
+
+    /// `receiver serve`'s flags as the command line would give them.
+    fn serve_args(flags: &[&str]) -> ServeArgs {
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let fixed = [
+            "receiver",
+            "--config",
+            "p.toml",
+            "--database-url",
+            "postgres://db",
+        ];
+        <Command as clap::Parser>::try_parse_from(fixed.iter().chain(flags))
+            .expect("flags")
+            .serve
+    }
+
+    #[test]
+    fn a_zero_deadline_or_timeout_refuses_to_start_naming_the_flags() {
+        assert!(check_durations(&serve_args(&[])).is_ok());
+        assert!(check_durations(&serve_args(&[
+            "--head-timeout",
+            "0s",
+            "--notify-spacing",
+            "0s"
+        ]))
+        .is_ok());
+        let err = check_durations(&serve_args(&[
+            "--db-deadline",
+            "0s",
+            "--body-timeout",
+            "0s",
+            "--db-connect-timeout",
+            "0s",
+        ]))
+        .expect_err("zero durations");
+        let message = err.to_string();
+        for flag in [
+            "--db-deadline 0s",
+            "--body-timeout 0s",
+            "--db-connect-timeout 0s",
+        ] {
+            assert!(message.contains(flag), "{message}");
+        }
     }
 
     #[test]

@@ -18,7 +18,6 @@ use worker::metrics::Metrics;
 use worker::runner::Retention;
 use worker::{Router, Worker, WorkerSettings};
 
-mod durations;
 mod escape;
 mod operator;
 
@@ -158,9 +157,9 @@ fn default_name() -> String {
     format!("{host}:{}", std::process::id())
 }
 
-/// Refuses duration flags that would quietly break the worker (see [`durations`]).
+/// Refuses duration flags that would quietly break the worker (see [`inbox_core::durations`]).
 fn check_durations(args: &RunArgs) -> anyhow::Result<()> {
-    use durations::DurationFlag;
+    use inbox_core::durations::{self, DurationFlag};
     let mut flags = vec![
         DurationFlag::lease("--lease", args.lease),
         DurationFlag::interval("--poll-interval", args.poll_interval),
@@ -173,6 +172,7 @@ fn check_durations(args: &RunArgs) -> anyhow::Result<()> {
         DurationFlag::retry_delay("--retry-cap", args.backoff.cap),
         DurationFlag::period("--dedup-window", args.dedup_window),
     ];
+    flags.extend(args.db.duration_flags());
     if let Some(retention) = args.retention {
         flags.push(DurationFlag::period("--retention", retention));
     }

@@ -368,9 +368,9 @@ impl OperatorCommand {
                 db,
             } => {
                 // Held to the bounds `worker run` holds them to.
-                crate::durations::check_all(&[
-                    crate::durations::DurationFlag::period("--older-than", older_than),
-                    crate::durations::DurationFlag::period("--dedup-window", dedup_window),
+                inbox_core::durations::check_all(&[
+                    inbox_core::durations::DurationFlag::period("--older-than", older_than),
+                    inbox_core::durations::DurationFlag::period("--dedup-window", dedup_window),
                 ])
                 .map_err(anyhow::Error::msg)?;
                 let mut conn = db.connect().await?;

@@ -1,7 +1,7 @@
-//! Every duration flag of `worker run` checked at start: a zero interval would stop a timer
-//! (a zero rescue interval once ended housekeeping while the worker ran on without rescue), a
-//! zero lease would make every claim expire at once, and values of years are typing errors
-//! that would overflow the database's intervals.
+//! Duration flags checked at start, by every binary: a zero interval would stop a timer (a
+//! zero rescue interval once ended the worker's housekeeping while it ran on without rescue), a
+//! zero deadline or timeout would refuse every request while the process looked healthy, and
+//! values of years are typing errors that would overflow the database's intervals.
 
 use std::time::Duration;
 
