@@ -879,6 +879,8 @@ async fn a_failing_event_handed_on_in_a_transaction_costs_the_events_before_it_n
 /// Counts the calls for each event, and takes `takes` over each.
 struct CountingHandler {
     calls: Mutex<HashMap<String, usize>>,
+    /// Event ids in the order their handling started.
+    order: Mutex<Vec<String>>,
     takes: Duration,
     batchable: bool,
     running: AtomicUsize,
@@ -889,6 +891,7 @@ impl CountingHandler {
     fn new(takes: Duration, batchable: bool) -> Arc<Self> {
         Arc::new(Self {
             calls: Mutex::default(),
+            order: Mutex::default(),
             takes,
             batchable,
             running: AtomicUsize::new(0),
@@ -910,6 +913,7 @@ impl Handler for CountingHandler {
             .unwrap()
             .entry(event.event_id.clone())
             .or_default() += 1;
+        self.order.lock().unwrap().push(event.event_id.clone());
         let running = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_running.fetch_max(running, Ordering::SeqCst);
         tokio::time::sleep(self.takes).await;
@@ -1033,6 +1037,52 @@ async fn events_handed_on_together_run_in_free_slots_at_once() {
         "the events handed on ran side by side"
     );
     assert!(slow.calls.lock().unwrap().values().all(|&calls| calls == 1));
+}
+
+/// A slot running a busy key's events one after another gives way, between two of them, to
+/// events handed on beside them that wait for a slot: a few busy keys cannot keep every slot
+/// while other keys' events wait, leased, for as long as they stay busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_keys_events_give_way_to_events_waiting_for_a_slot() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    // Each key's first event is quick and batchable: one transaction completes both and hands
+    // on their second events, which need a transaction each. Key k0 has five slow events.
+    let mut events = Vec::new();
+    for (key, slow_events) in [("k0", 5), ("k1", 1)] {
+        let mut first = ordered_event(key, 1, Duration::ZERO);
+        first.event_type = Some("quick".into());
+        events.push(first);
+        for sequence in 2..2 + slow_events {
+            let mut slow = ordered_event(key, sequence, Duration::ZERO);
+            slow.event_type = Some("slow".into());
+            events.push(slow);
+        }
+    }
+    insert_events(&mut conn, &events).await.unwrap();
+    let quick = CountingHandler::new(Duration::ZERO, true);
+    let slow = CountingHandler::new(Duration::from_millis(50), false);
+    let router = quick_and_slow_routes(&quick, &slow);
+    let mut settings = worker_settings("w-give-way");
+    settings.claimers = 1;
+    settings.concurrency = 1;
+    let worker = RunningWorker::start(&db, router, settings);
+    wait_for_count(
+        &mut conn,
+        "every event is done",
+        "SELECT count(*) AS n FROM inbox_finished WHERE status = 2",
+        events.len() as i64,
+        Duration::from_secs(30),
+    )
+    .await;
+    worker.stop().await;
+    let order = slow.order.lock().unwrap().clone();
+    assert_eq!(order.len(), 6, "{order:?}");
+    assert_eq!(
+        order[..2],
+        ["k0-2", "k1-2"],
+        "k1's event ran right after k0's first, not after all of k0's: {order:?}"
+    );
 }
 
 /// Retention forgetting keys while their events arrive and four workers run them: every key

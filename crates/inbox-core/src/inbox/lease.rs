@@ -494,9 +494,10 @@ pub async fn extend_lease(
 /// Rows of [`extend_leases`] no longer held under their token.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LeasesNotHeld {
-    /// Still in the queue, but ready again (rescued) or under another token: another worker's
-    /// now. Their attempts must stop.
-    pub lost: Vec<i64>,
+    /// Still in the queue, but ready again (rescued) or under another token: another
+    /// attempt's now. Each with the token it was no longer held under: the attempts holding
+    /// it under that token must stop, not one holding it under the new token.
+    pub lost: Vec<(i64, Uuid)>,
     /// No longer in the queue: finished, by their own attempt committing at this very moment
     /// or by another worker. Their attempts learn which at their completion.
     pub finished: Vec<i64>,
@@ -524,6 +525,8 @@ pub async fn extend_leases(
     struct NotHeld {
         #[diesel(sql_type = BigInt)]
         id: i64,
+        #[diesel(sql_type = diesel::sql_types::Uuid)]
+        token: Uuid,
         #[diesel(sql_type = diesel::sql_types::Bool)]
         queued: bool,
     }
@@ -548,8 +551,8 @@ pub async fn extend_leases(
                  )) \
                  RETURNING queue.id \
              ) \
-             SELECT held.id, EXISTS (SELECT 1 FROM inbox_queue AS row WHERE row.id = held.id) \
-                    AS queued \
+             SELECT held.id, held.token, \
+                    EXISTS (SELECT 1 FROM inbox_queue AS row WHERE row.id = held.id) AS queued \
              FROM held \
              WHERE NOT EXISTS ( \
                  SELECT 1 FROM inbox_queue AS row \
@@ -568,7 +571,7 @@ pub async fn extend_leases(
     let (lost, finished): (Vec<NotHeld>, Vec<NotHeld>) =
         rows.into_iter().partition(|row| row.queued);
     Ok(LeasesNotHeld {
-        lost: lost.into_iter().map(|row| row.id).collect(),
+        lost: lost.into_iter().map(|row| (row.id, row.token)).collect(),
         finished: finished.into_iter().map(|row| row.id).collect(),
     })
 }

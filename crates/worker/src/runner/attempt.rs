@@ -25,8 +25,9 @@ impl Worker {
     /// completed) and did not run itself, and so on until none is handed on. A busy key's
     /// events thus follow each other with no claim between them. Further batches handed on at
     /// once (keys whose next events cannot run in one transaction) go back to the claim loop
-    /// through `handed_on`, to start in its free slots, their leases kept while they wait.
-    /// Once the worker stops, batches handed on are given back unstarted.
+    /// through `handed_on`, to start in its free slots, their leases kept while they wait; so
+    /// does the first when other batches wait for a slot. Once the worker stops, batches
+    /// handed on are given back unstarted.
     pub(super) async fn run_slot(
         &self,
         batch: Batch,
@@ -46,7 +47,14 @@ impl Worker {
                 return;
             }
             next = handed.next();
-            for batch in handed {
+            let mut handed_back: Vec<Batch> = handed.collect();
+            // Batches wait for a slot of the loop: the key's next events queue up behind them
+            // rather than keep the slot, or a few busy keys could hold every slot for as long
+            // as they stay busy, the others waiting, leased, all that time.
+            if handed_on.others_waiting() {
+                handed_back.splice(0..0, next.take());
+            }
+            for batch in handed_back {
                 let leases = self.leases.hold(batch.ids(), token);
                 let claimed = Claimed {
                     batch,
@@ -55,7 +63,7 @@ impl Worker {
                 };
                 // The loop has stopped reading: it is shutting down.
                 if let Err(unsent) = handed_on.send(claimed) {
-                    self.release(&unsent.0.batch.ids(), token).await;
+                    self.release(&unsent.batch.ids(), token).await;
                 }
             }
         }
@@ -223,7 +231,7 @@ impl Worker {
 
     /// Which of `ids` are no longer held under `token`, after the attempt's transaction
     /// rolled back (so none was finished by it), extending the others' leases.
-    async fn lost_leases(&self, ids: &[i64], token: Uuid) -> Vec<i64> {
+    pub(super) async fn lost_leases(&self, ids: &[i64], token: Uuid) -> Vec<i64> {
         let tokens = vec![token; ids.len()];
         let result = async {
             let mut conn = self.connection().await?;
@@ -233,7 +241,12 @@ impl Worker {
         }
         .await;
         match result {
-            Ok(not_held) => [not_held.lost, not_held.finished].concat(),
+            Ok(not_held) => not_held
+                .lost
+                .into_iter()
+                .map(|(id, _token)| id)
+                .chain(not_held.finished)
+                .collect(),
             Err(err) => {
                 tracing::warn!(error = %err, "checking which leases were lost failed");
                 Vec::new()

@@ -11,7 +11,9 @@
 //!
 //! An attempt that hands on more batches than its slot runs next (ordered keys whose next
 //! events need transactions of their own) hands the rest back to its loop, which starts them
-//! in free slots like the batches it claimed, their leases kept while they wait.
+//! in free slots like the batches it claimed, their leases kept while they wait. A slot
+//! running a busy key's events one after another gives way to waiting batches between two
+//! of them, so that a few busy keys cannot hold every slot while others wait.
 //!
 //! A slot is one attempt in flight: one transaction, one connection. An attempt of a handler
 //! that waits on the network carries one event, so with such routes a slot is claimed per
@@ -25,6 +27,7 @@
 //! pool's sessions keep the server's own planning for the handlers' statements.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,7 +56,11 @@ impl Worker {
         // Claimed batches waiting for a slot, their leases kept meanwhile.
         let mut waiting = Waiting::default();
         // Batches handed on by attempts beyond the one their slot runs next.
-        let (handed_on, mut handed_back) = mpsc::unbounded_channel();
+        let (sender, mut handed_back) = mpsc::unbounded_channel();
+        let handed_on = HandedOn {
+            sender,
+            waiting: Arc::clone(&waiting.batches_waiting),
+        };
         // Claim in batches: wait for room for this many events unless the worker is idle.
         // Events of network handlers are claimed as soon as there is room: their time goes to
         // waiting on their targets, and a slot kept free for a bigger claim is time lost. For
@@ -350,7 +357,24 @@ pub(super) struct Claimed {
 
 /// Where an attempt sends the batches it handed on beyond the one its slot runs next: to its
 /// claim loop, which starts them in free slots.
-pub(super) type HandedOn = mpsc::UnboundedSender<Claimed>;
+#[derive(Clone)]
+pub(super) struct HandedOn {
+    sender: mpsc::UnboundedSender<Claimed>,
+    /// How many batches wait for one of the loop's slots ([`Waiting`]).
+    waiting: Arc<AtomicUsize>,
+}
+
+impl HandedOn {
+    /// Hands `claimed` back to the claim loop; gives it back when the loop has stopped.
+    pub(super) fn send(&self, claimed: Claimed) -> Result<(), Claimed> {
+        self.sender.send(claimed).map_err(|unsent| unsent.0)
+    }
+
+    /// Whether batches wait for one of the loop's slots.
+    pub(super) fn others_waiting(&self) -> bool {
+        self.waiting.load(AtomicOrdering::Acquire) > 0
+    }
+}
 
 /// Why an idle claim loop woke.
 enum Woken {
@@ -365,17 +389,23 @@ enum Woken {
 struct Waiting {
     batches: VecDeque<Claimed>,
     events: usize,
+    /// How many batches wait, for the loop's slots to see (see [`HandedOn::others_waiting`]).
+    batches_waiting: Arc<AtomicUsize>,
 }
 
 impl Waiting {
     fn push(&mut self, claimed: Claimed) {
         self.events += claimed.batch.len();
         self.batches.push_back(claimed);
+        self.batches_waiting
+            .store(self.batches.len(), AtomicOrdering::Release);
     }
 
     fn pop(&mut self) -> Option<Claimed> {
         let claimed = self.batches.pop_front()?;
         self.events -= claimed.batch.len();
+        self.batches_waiting
+            .store(self.batches.len(), AtomicOrdering::Release);
         Some(claimed)
     }
 

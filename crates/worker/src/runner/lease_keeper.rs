@@ -104,14 +104,17 @@ impl LeaseKeeper {
         (ids, tokens)
     }
 
-    /// Tells every attempt holding one of `lost` which of its rows are gone.
-    fn report_lost(&self, lost: &[i64]) {
+    /// Tells every attempt holding one of `lost` under the token it was lost under which of
+    /// its rows are gone. A row this worker claimed again (a retry due at once) is held by two
+    /// attempts for a moment, the old one settling it and the new one running it: the new
+    /// attempt's lease is not lost.
+    fn report_lost(&self, lost: &[(i64, Uuid)]) {
         for attempt in self.lock().values() {
             let gone: Vec<i64> = attempt
                 .ids
                 .iter()
                 .copied()
-                .filter(|id| lost.contains(id))
+                .filter(|id| lost.contains(&(*id, attempt.token)))
                 .collect();
             if !gone.is_empty() {
                 *attempt
@@ -258,5 +261,35 @@ impl Worker {
             ),
         };
         Ok(inbox::extend_leases(conn, ids, tokens, self.settings.lease).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reported(held: &HeldLeases) -> Vec<i64> {
+        held.lost
+            .ids
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    #[test]
+    fn a_row_lost_under_one_token_stops_only_the_attempt_holding_it_under_that_token() {
+        let keeper = Arc::new(LeaseKeeper::default());
+        let (old, new) = (Uuid::new_v4(), Uuid::new_v4());
+        // An attempt settling rows 1 and 2 while row 1, retried at once, runs again under a new
+        // claim.
+        let settling = keeper.hold(vec![1, 2], old);
+        let running_again = keeper.hold(vec![1], new);
+
+        keeper.report_lost(&[(1, old)]);
+
+        assert_eq!(reported(&settling), vec![1]);
+        assert_eq!(reported(&running_again), Vec::<i64>::new());
+        keeper.report_lost(&[(1, new)]);
+        assert_eq!(reported(&running_again), vec![1]);
     }
 }

@@ -91,6 +91,11 @@ impl AttemptSession {
         self.abandoned.store(false, Ordering::Release);
     }
 
+    /// The transaction has ended and its connection is given back: no backend to cancel.
+    pub(super) fn ended(&self) {
+        self.pid.store(0, Ordering::Release);
+    }
+
     pub(super) fn started_on(&self, pid: i32) {
         self.pid.store(pid, Ordering::Release);
     }

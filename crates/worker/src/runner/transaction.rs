@@ -85,18 +85,31 @@ impl Worker {
         {
             // Alone in its transaction, the event's failure is settled after the rollback.
             Err(AttemptError::Handler(_)) if batch.len() > 1 => {
-                self.metrics.savepoint_reruns.inc();
-                self.run_events(batch, token, Savepoints::PerEvent, session)
-                    .await
+                self.rerun_in_savepoints(batch, token, session).await
             }
             // An event handed on in the transaction failed: it is not the batch's failure.
-            Err(AttemptError::HandedOn(_)) => {
-                self.metrics.savepoint_reruns.inc();
-                self.run_events(batch, token, Savepoints::PerEvent, session)
-                    .await
-            }
+            Err(AttemptError::HandedOn(_)) => self.rerun_in_savepoints(batch, token, session).await,
             result => result,
         }
+    }
+
+    /// Runs `batch` again after its transaction rolled back, each event in a savepoint.
+    ///
+    /// Its leases are renewed first: the transaction held the rows locked from its first
+    /// completion on, and the lease keeper passes over locked rows, so a long chain of events
+    /// handed on may have let their leases run out (the rerun then finds out which at its
+    /// completion, fenced as always).
+    async fn rerun_in_savepoints(
+        &self,
+        batch: &[Routed],
+        token: Uuid,
+        session: &AttemptSession,
+    ) -> Result<Committed, AttemptError> {
+        self.metrics.savepoint_reruns.inc();
+        let ids: Vec<i64> = batch.iter().map(|routed| routed.event.id).collect();
+        self.lost_leases(&ids, token).await;
+        self.run_events(batch, token, Savepoints::PerEvent, session)
+            .await
     }
 
     /// Completes events that no handler takes, as ignored (see [`Self::complete_alone`]).
@@ -301,6 +314,10 @@ impl Worker {
         if session.is_abandoned() {
             session::discard(&mut conn);
         }
+        // The connection goes back to the pool and its backend to another attempt: nothing may
+        // cancel it on this attempt's behalf any more (a lease lost while the rerun waits for a
+        // connection).
+        session.ended();
         result
     }
 
