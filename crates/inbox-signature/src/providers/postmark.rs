@@ -1,7 +1,15 @@
 //! Postmark: no signature; the webhook URL carries HTTP Basic auth (`https://user:pass@...`),
 //! which arrives as `Authorization: Basic ...` and is compared in constant time with the
-//! configured `user:password`. Event id: body `RecordType` and `MessageID` joined (bounces: `ID`);
-//! type: body `RecordType`.
+//! configured `user:password`. Type: body `RecordType`.
+//!
+//! Postmark's records carry no event id, and one message has many records: a delivery per
+//! recipient, an open each time it is opened, a click per link. The id joins what tells one
+//! record of a message from another, as Postmark's webhook models (postmark.js
+//! `models/webhooks/payload`) name the fields, first match wins: a bounce or a spam
+//! complaint by its own `ID`; a delivery by `MessageID`, `Recipient` and `DeliveredAt`; an
+//! open or a click by `MessageID`, `Recipient` and `ReceivedAt`; a subscription change (its
+//! `MessageID` may be null) by `MessageStream`, `Recipient` and `ChangedAt`; another record
+//! type by `MessageID`; an inbound message, which has no `RecordType`, by its `MessageID`.
 
 use crate::family::credential::{basic_auth_header, parse_basic_auth};
 use crate::family::credential_header::CredentialHeader;
@@ -30,12 +38,20 @@ pub fn scheme() -> CredentialHeader {
         },
         profile: fields(
             &[
-                Field::JoinedPointers(vec!["/RecordType".into(), "/MessageID".into()]),
-                Field::JoinedPointers(vec!["/RecordType".into(), "/ID".into()]),
+                joined(&["/RecordType", "/ID"]),
+                joined(&["/RecordType", "/MessageID", "/Recipient", "/DeliveredAt"]),
+                joined(&["/RecordType", "/MessageID", "/Recipient", "/ReceivedAt"]),
+                joined(&["/RecordType", "/MessageStream", "/Recipient", "/ChangedAt"]),
+                joined(&["/RecordType", "/MessageID"]),
+                Field::pointer("/MessageID"),
             ],
             &[Field::pointer("/RecordType")],
         ),
     }
+}
+
+fn joined(pointers: &[&str]) -> Field {
+    Field::JoinedPointers(pointers.iter().map(|&pointer| pointer.into()).collect())
 }
 
 /// Builds the scheme (no options).

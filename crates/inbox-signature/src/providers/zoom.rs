@@ -1,8 +1,11 @@
 //! Zoom: `x-zm-signature: v0=<hex>` and `x-zm-request-timestamp`, HMAC-SHA256 with the app's
 //! secret token over `"v0:{timestamp}:{body}"`. Handshake: the signed
 //! `endpoint.url_validation` event, answered with `{"plainToken": p, "encryptedToken":
-//! hex(HMAC-SHA256(secret, p))}`. Zoom sends no delivery id: the event id is
-//! `{event}:{event_ts}`, which a retry repeats and a new event does not.
+//! hex(HMAC-SHA256(secret, p))}`. Zoom sends no event id: the id joins `event`, `event_ts`
+//! (milliseconds), which a retry repeats, and the object the event is about, so that two
+//! events of one kind in the same millisecond (participants joining as a meeting starts) are
+//! not taken for one: `payload.object.uuid` and, for participant events,
+//! `payload.object.participant.user_id`; else `payload.object.id`; else the first two alone.
 
 use crate::family::template::Template;
 use crate::providers::{fields, template_scheme, tolerance_or, Options};
@@ -19,11 +22,21 @@ pub struct Zoom(pub Template);
 /// The Zoom scheme with this tolerance.
 #[must_use]
 pub fn scheme(tolerance: std::time::Duration) -> Zoom {
+    let joined = |pointers: &[&str]| {
+        let mut all = vec!["/event".into(), "/event_ts".into()];
+        all.extend(pointers.iter().map(|&pointer| pointer.to_owned()));
+        Field::JoinedPointers(all)
+    };
     let profile = fields(
-        &[Field::JoinedPointers(vec![
-            "/event".into(),
-            "/event_ts".into(),
-        ])],
+        &[
+            joined(&[
+                "/payload/object/uuid",
+                "/payload/object/participant/user_id",
+            ]),
+            joined(&["/payload/object/uuid"]),
+            joined(&["/payload/object/id"]),
+            joined(&[]),
+        ],
         &[Field::pointer("/event")],
     )
     .with_handshake(HandshakeKind::SignedPost);

@@ -435,3 +435,92 @@ fn a_zero_tolerance_is_refused_and_one_over_a_day_is_named() {
         .collect();
     assert_eq!(wide, ["wide"]);
 }
+
+/// The event ids `provider` (a catalog scheme, unsigned here) gives each of `bodies`.
+fn catalog_ids(scheme: &str, bodies: &[serde_json::Value]) -> Vec<String> {
+    let providers = parse(&format!(
+        "[providers.p]\nscheme = \"{scheme}\"\nunsigned = true\n"
+    ))
+    .expect("valid file");
+    let provider = providers.get("p").expect("provider");
+    let headers: Vec<(String, String)> = Vec::new();
+    bodies
+        .iter()
+        .map(|body| {
+            let events = crate::identify::identify(
+                &provider.identity,
+                &headers,
+                body.to_string().as_bytes(),
+            )
+            .unwrap_or_else(|err| panic!("{body}: {err}"));
+            events[0].event_id.clone()
+        })
+        .collect()
+}
+
+#[test]
+fn postmark_records_of_one_message_are_events_of_their_own() {
+    use serde_json::json;
+    // Fields as Postmark's webhook models name them (postmark.js models/webhooks/payload).
+    let open = |recipient: &str, at: &str| {
+        json!({"RecordType": "Open", "MessageID": "m-1", "Recipient": recipient,
+               "ReceivedAt": at, "FirstOpen": false})
+    };
+    let ids = catalog_ids(
+        "postmark",
+        &[
+            open("a@example.com", "2026-12-01T10:00:00.1Z"),
+            open("a@example.com", "2026-12-01T10:00:00.1Z"),
+            open("b@example.com", "2026-12-01T10:00:00.1Z"),
+            open("a@example.com", "2026-12-01T11:00:00.2Z"),
+            json!({"RecordType": "Click", "MessageID": "m-1", "Recipient": "a@example.com",
+                   "ReceivedAt": "2026-12-01T10:00:00.1Z", "OriginalLink": "https://x"}),
+            json!({"RecordType": "Delivery", "MessageID": "m-1", "Recipient": "a@example.com",
+                   "DeliveredAt": "2026-12-01T09:59:00Z"}),
+            json!({"RecordType": "Delivery", "MessageID": "m-1", "Recipient": "b@example.com",
+                   "DeliveredAt": "2026-12-01T09:59:00Z"}),
+            json!({"RecordType": "Bounce", "ID": 4323372036854775807_u64, "MessageID": "m-1",
+                   "Email": "c@example.com"}),
+            json!({"RecordType": "SubscriptionChange", "MessageID": null,
+                   "MessageStream": "outbound", "Recipient": "a@example.com",
+                   "ChangedAt": "2026-12-01T12:00:00Z"}),
+            json!({"MessageID": "inbound-1", "From": "d@example.com"}),
+        ],
+    );
+    assert_eq!(ids[0], ids[1], "a redelivery is the same event");
+    let distinct: std::collections::HashSet<&String> = ids[1..].iter().collect();
+    assert_eq!(distinct.len(), ids.len() - 1, "{ids:?}");
+    assert_eq!(ids[7], "Bounce:4323372036854775807");
+    assert_eq!(ids[9], "inbound-1");
+}
+
+#[test]
+fn zoom_events_of_one_millisecond_are_told_apart_by_their_object() {
+    use serde_json::json;
+    let joined = |user: &str| {
+        json!({"event": "meeting.participant_joined", "event_ts": 1_765_000_000_123_u64,
+               "payload": {"object": {"uuid": "mtg==", "id": 851,
+                                      "participant": {"user_id": user}}}})
+    };
+    let ids = catalog_ids(
+        "zoom",
+        &[
+            joined("16778240"),
+            joined("16778240"),
+            joined("16779264"),
+            json!({"event": "meeting.started", "event_ts": 1_765_000_000_123_u64,
+                   "payload": {"object": {"uuid": "mtg==", "id": 851}}}),
+            json!({"event": "user.updated", "event_ts": 1_765_000_000_123_u64,
+                   "payload": {"object": {"id": "u-1"}}}),
+            json!({"event": "user.updated", "event_ts": 1_765_000_000_123_u64,
+                   "payload": {"object": {"id": "u-2"}}}),
+        ],
+    );
+    assert_eq!(ids[0], ids[1], "a retry is the same event");
+    assert_ne!(
+        ids[1], ids[2],
+        "two participants joining in one millisecond"
+    );
+    assert_eq!(ids[3], "meeting.started:1765000000123:mtg==");
+    assert_ne!(ids[4], ids[5]);
+}
