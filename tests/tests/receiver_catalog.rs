@@ -500,6 +500,57 @@ async fn a_batch_is_one_row_per_item_and_a_redelivery_stores_only_new_items() {
     assert_eq!(ids, ["p1:AUTHORISATION:true", "p1:CAPTURE:true"]);
 }
 
+/// SendGrid posts its events when a batch reaches 768 KB (its Event Webhook overview): some
+/// 2,500 events of ~300 bytes. All are stored; only a batch beyond what any provider sends is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_as_large_as_sendgrid_sends_is_stored_whole() {
+    const EVENTS: usize = 2_600;
+    let db = TestDatabase::new().await;
+    let receiver = start(&db).await;
+    let providers = catalog();
+    let sendgrid = providers.get("sendgrid").unwrap();
+    let now = unix_now();
+    let sign = |items: Vec<String>| {
+        let body = format!("[{}]", items.join(","));
+        let signed = sendgrid
+            .scheme
+            .sign(&sendgrid.keys[0], &Outgoing::post(body.as_bytes(), "", now))
+            .unwrap();
+        (signed.headers, signed.body)
+    };
+    let padding = "p".repeat(160);
+    let (headers, body) = sign(
+        (0..EVENTS)
+            .map(|n| {
+                format!(
+                    r#"{{"email":"user{n}@example.com","timestamp":{now},"event":"processed","sg_event_id":"sg-{n:05}","sg_message_id":"msg-{n}.filter0001{padding}"}}"#
+                )
+            })
+            .collect(),
+    );
+    assert!(
+        body.len() > 700_000 && body.len() < 800_000,
+        "{}",
+        body.len()
+    );
+    let answer = receiver.post_webhook("sendgrid", &headers, body).await;
+    assert_eq!(
+        answer.json,
+        json!({"status": "accepted", "accepted": EVENTS, "duplicates": 0})
+    );
+    let mut conn = db.connect().await;
+    assert_eq!(stored_events(&mut conn, "sendgrid").await.len(), EVENTS);
+
+    let (headers, body) = sign(
+        (0..=receiver::identify::MAX_BATCH_ITEMS)
+            .map(|n| format!(r#"{{"sg_event_id":"{n}"}}"#))
+            .collect(),
+    );
+    let answer = receiver.post_webhook("sendgrid", &headers, body).await;
+    assert_eq!(answer.status, 400);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn url_signed_providers_verify_against_their_public_url_behind_another_host() {
     let db = TestDatabase::new().await;

@@ -13,7 +13,9 @@ use crate::json_field::{scalar_at, value_at, RepeatedMember};
 use crate::providers::{FieldSource, Identity, MAX_EVENT_ID_CHARS};
 
 /// Most events one request may carry; a larger batch is refused (400) rather than stored.
-pub const MAX_BATCH_ITEMS: usize = 1_000;
+/// Far above what a provider sends (SendGrid's batches of up to 768 KB hold a few thousand),
+/// it bounds what a body of tiny items costs in rows and headers kept for each.
+pub const MAX_BATCH_ITEMS: usize = 10_000;
 
 /// One event of a verified request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,7 +128,7 @@ fn identify_batch(batch: &Batch, body: &[u8]) -> Result<Vec<Identified>, Identif
         return Err(IdentifyError::InvalidBatch("has no items"));
     }
     if items.len() > MAX_BATCH_ITEMS {
-        return Err(IdentifyError::InvalidBatch("has more than 1000 items"));
+        return Err(IdentifyError::InvalidBatch("has more than 10000 items"));
     }
     items
         .into_iter()
