@@ -214,6 +214,8 @@ pub enum Ack {
     Status,
     /// A fixed text body (Adyen expects `[accepted]`).
     Text(String),
+    /// A fixed JSON body (Discord expects an interaction response, `{"type":5}`).
+    Json(String),
 }
 
 /// Where a provider puts what the receiver needs besides the signature.

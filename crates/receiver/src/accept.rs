@@ -184,6 +184,9 @@ pub fn acknowledgement(provider: &Provider, stored: Stored, batch: bool) -> Http
         Ack::Text(text) => HttpResponse::Ok()
             .content_type("text/plain; charset=utf-8")
             .body(text.clone()),
+        Ack::Json(json) => HttpResponse::Ok()
+            .content_type("application/json")
+            .body(json.clone()),
         Ack::Status if batch => HttpResponse::Ok().json(serde_json::json!({
             "status": stored.outcome(),
             "accepted": stored.accepted + stored.suppressed_replays,

@@ -36,7 +36,8 @@ pub struct SignedTimestamp {
     pub tolerance: Duration,
     /// Where ids and types are.
     pub profile: Profile,
-    /// Whether a signed `{"type": 1}` is a PING, answered `{"type":1}` (Discord).
+    /// Whether a signed `{"type": 1}` without an `event` is a PING, answered `{"type":1}`
+    /// (Discord's interactions).
     pub answers_ping: bool,
 }
 
@@ -91,7 +92,11 @@ impl Scheme for SignedTimestamp {
             return None;
         }
         let json: serde_json::Value = serde_json::from_slice(request.body).ok()?;
-        (json.get("type").and_then(serde_json::Value::as_i64) == Some(1)).then(|| {
+        // A webhook event of Discord's other kind (`"type": 1` too, with an `event`) is no
+        // interaction PING: never answered as one and so never stored.
+        let ping = json.get("type").and_then(serde_json::Value::as_i64) == Some(1)
+            && json.get("event").is_none();
+        ping.then(|| {
             Ok(HandshakeReply {
                 content_type: "application/json",
                 body: br#"{"type":1}"#.to_vec(),

@@ -1,20 +1,28 @@
-//! Discord (interactions and webhook events): `X-Signature-Ed25519: <hex>` over
-//! `timestamp + body` with the application's Ed25519 public key (hex, from the developer
-//! portal), the timestamp in `X-Signature-Timestamp` (unix seconds; 5 minutes of tolerance).
-//! Discord probes endpoints with deliberately bad signatures and expects 401, which every
-//! failure here is. Handshake: the signed PING (`"type": 1`), answered `{"type":1}`.
-//! Event id: body `id`; type: body `type`.
+//! Discord interactions: `X-Signature-Ed25519: <hex>` over `timestamp + body` with the
+//! application's Ed25519 public key (hex, from the developer portal), the timestamp in
+//! `X-Signature-Timestamp` (unix seconds; 5 minutes of tolerance). Discord probes endpoints
+//! with deliberately bad signatures and expects 401, which every failure here is. Handshake:
+//! the signed PING (`"type": 1`, no `event` member), answered `{"type":1}`. Event id: body `id`;
+//! type: body `type`.
+//!
+//! Discord wants an interaction response within 3 seconds: a stored interaction is answered
+//! `{"type":5}` (deferred: the user sees the application thinking), and its handler follows it
+//! up through the interaction's token within 15 minutes. Autocomplete interactions cannot be
+//! deferred and are not for an inbox.
 
 use std::time::Duration;
 
 use crate::family::signed_timestamp::{Curve, SignedTimestamp};
 use crate::providers::{fields, tolerance_or, Options};
-use crate::{Field, HandshakeKind, Scheme, DEFAULT_TOLERANCE};
+use crate::{Ack, Field, HandshakeKind, Profile, Scheme, DEFAULT_TOLERANCE};
 
 /// The signature header.
 pub const SIGNATURE: &str = "x-signature-ed25519";
 /// The timestamp header.
 pub const TIMESTAMP: &str = "x-signature-timestamp";
+/// The interaction response of a stored interaction: `DEFERRED_CHANNEL_MESSAGE_WITH_SOURCE`,
+/// valid for commands, components and modal submissions.
+pub const DEFERRED: &str = r#"{"type":5}"#;
 
 /// The Discord scheme with this tolerance. Keys: the application's public key in hex (or PEM);
 /// a PKCS#8 PEM private key for signing.
@@ -26,8 +34,11 @@ pub fn scheme(tolerance: Duration) -> SignedTimestamp {
         timestamp_header: TIMESTAMP,
         curve: Curve::Ed25519Hex,
         tolerance,
-        profile: fields(&[Field::pointer("/id")], &[Field::pointer("/type")])
-            .with_handshake(HandshakeKind::SignedPost),
+        profile: Profile {
+            ack: Ack::Json(DEFERRED.into()),
+            ..fields(&[Field::pointer("/id")], &[Field::pointer("/type")])
+                .with_handshake(HandshakeKind::SignedPost)
+        },
         answers_ping: true,
     }
 }
@@ -87,5 +98,18 @@ mod tests {
         assert!(scheme
             .handshake(&Request::post(&headers, BODY), None)
             .is_none());
+        // Discord's webhook events are `"type": 1` too, with an `event`: not a PING.
+        let event = br#"{"version":1,"application_id":"2222","type":1,"event":{"type":"APPLICATION_AUTHORIZED","timestamp":"2026-12-01T10:00:00.000000","data":{}}}"#;
+        assert!(scheme
+            .handshake(&Request::post(&headers, event), None)
+            .is_none());
+    }
+
+    #[test]
+    fn a_stored_interaction_is_answered_with_a_deferred_response() {
+        assert_eq!(
+            scheme(DEFAULT_TOLERANCE).profile().ack,
+            Ack::Json(r#"{"type":5}"#.into())
+        );
     }
 }
