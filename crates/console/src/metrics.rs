@@ -15,7 +15,7 @@ pub struct Metrics {
     /// `inbox_console_logins_total{outcome}`: login attempts (ok, refused, throttled).
     pub logins: IntCounterVec,
     /// `inbox_console_repairs_total{action}`: repair actions taken (replay, replay_filter,
-    /// pause, resume, abort, skip).
+    /// pause, resume, abort, skip, release_replay).
     pub repairs: IntCounterVec,
     /// `inbox_console_refusals_total{reason}`: state changes refused (csrf, role, read_only).
     pub refusals: IntCounterVec,

@@ -109,6 +109,48 @@ async fn keyset_pages_cover_every_matching_event_once_newest_first() {
     console.running.stop().await;
 }
 
+/// The purge deletes a day's outcomes before it detaches the day's partition: meanwhile its
+/// events have a journal row and no state. Pages and lists leave them out rather than fail.
+#[tokio::test]
+async fn an_event_whose_day_is_being_dropped_is_left_out_instead_of_failing_the_page() {
+    let console = TestConsole::start(false).await;
+    let mut conn = console.db.connect().await;
+    let events: Vec<_> = (0..3)
+        .map(|n| event("stripe", &format!("evt_{n}"), "push", "{}"))
+        .collect();
+    let ids = store(&mut conn, &events).await;
+    let dropping = ids[1];
+    claim_all(&mut conn, &[dropping]).await;
+    diesel_async::RunQueryDsl::execute(
+        diesel::sql_query(format!("DELETE FROM inbox_finished WHERE id = {dropping}")),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+
+    let listed = browse::list_page(&mut conn, &EventQuery::default(), None, 50)
+        .await
+        .unwrap();
+    assert_eq!(
+        listed.iter().map(|row| row.id).collect::<Vec<_>>(),
+        [ids[2], ids[0]]
+    );
+    assert!(browse::event_by_id(&mut conn, dropping)
+        .await
+        .unwrap()
+        .is_none());
+    let session = HttpSession::log_in(&console, VIEWER).await;
+    assert_eq!(session.get(&console, "/events").await.status(), 200);
+    assert_eq!(
+        session
+            .get(&console, &format!("/events/{dropping}"))
+            .await
+            .status(),
+        404
+    );
+    console.running.stop().await;
+}
+
 #[tokio::test]
 async fn a_paused_routes_events_stay_ready_and_are_not_claimed_until_resumed() {
     let console = TestConsole::start(false).await;

@@ -1,7 +1,7 @@
 //! The event list's filter as the browser sends it (query string or hidden form fields) and
 //! its translation into an [`EventQuery`], with a refusal naming the field that is wrong.
 
-use chrono::{DateTime, NaiveDateTime, Utc};
+use chrono::{DateTime, Datelike as _, NaiveDateTime, Utc};
 use inbox_core::operations::browse::EventQuery;
 use inbox_core::InboxStatus;
 use maud::{html, Markup};
@@ -44,18 +44,26 @@ fn parse_time(field: &str, value: &str) -> Result<Option<DateTime<Utc>>, Console
     let Some(value) = non_empty(value) else {
         return Ok(None);
     };
-    if let Ok(time) = DateTime::parse_from_rfc3339(&value) {
-        return Ok(Some(time.with_timezone(&Utc)));
+    let parsed = DateTime::parse_from_rfc3339(&value)
+        .map(|time| time.with_timezone(&Utc))
+        .ok()
+        .or_else(|| {
+            // What a datetime-local input sends, read as UTC.
+            ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"]
+                .iter()
+                .find_map(|format| NaiveDateTime::parse_from_str(&value, format).ok())
+                .map(|time| time.and_utc())
+        });
+    match parsed {
+        // Signed and five-digit years parse, but PostgreSQL's timestamps stop at 4713 BC.
+        Some(time) if (1..=9999).contains(&time.year()) => Ok(Some(time)),
+        Some(_) => Err(ConsoleError::BadRequest(format!(
+            "{field}: the year must be between 1 and 9999"
+        ))),
+        None => Err(ConsoleError::BadRequest(format!(
+            "{field}: not a time (use 2026-12-01T10:00 for UTC, or RFC 3339)"
+        ))),
     }
-    // What a datetime-local input sends, read as UTC.
-    for format in ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"] {
-        if let Ok(time) = NaiveDateTime::parse_from_str(&value, format) {
-            return Ok(Some(time.and_utc()));
-        }
-    }
-    Err(ConsoleError::BadRequest(format!(
-        "{field}: not a time (use 2026-12-01T10:00 for UTC, or RFC 3339)"
-    )))
 }
 
 impl FilterParams {
@@ -174,6 +182,21 @@ mod tests {
             (
                 FilterParams {
                     until: "yesterday".into(),
+                    ..FilterParams::default()
+                },
+                "until",
+            ),
+            // A year PostgreSQL's timestamps cannot hold: refused here, not by the database.
+            (
+                FilterParams {
+                    since: "-10000-01-01T00:00".into(),
+                    ..FilterParams::default()
+                },
+                "since",
+            ),
+            (
+                FilterParams {
+                    until: "+20000-01-01T00:00:00Z".into(),
                     ..FilterParams::default()
                 },
                 "until",
