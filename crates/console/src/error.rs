@@ -32,6 +32,20 @@ pub enum ConsoleError {
     /// The password check could not run (its thread pool is shutting down).
     #[error("the password check is unavailable; retry shortly")]
     PasswordCheck,
+    /// Too many requests of this kind at once; the text says which.
+    #[error("{0}")]
+    Busy(&'static str),
+    /// A search of the bodies failed, most often by outlasting its timeout.
+    #[error(
+        "The search of the bodies did not finish within {}: narrow it by provider, type or time.",
+        humantime::format_duration(*timeout)
+    )]
+    SearchFailed {
+        /// `--body-search-timeout`.
+        timeout: std::time::Duration,
+        /// What the database said (logged, not shown).
+        err: diesel::result::Error,
+    },
 }
 
 impl ResponseError for ConsoleError {
@@ -43,7 +57,10 @@ impl ResponseError for ConsoleError {
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Pool(_) | Self::PasswordCheck => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Pool(_) | Self::PasswordCheck | Self::SearchFailed { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -58,6 +75,10 @@ impl ResponseError for ConsoleError {
                     self.status_code(),
                     "The database query failed; see the console's log.",
                 )
+            }
+            Self::SearchFailed { err, .. } => {
+                tracing::warn!(error = %err, "a search of the bodies failed");
+                layout::error_page(self.status_code(), &self.to_string())
             }
             Self::Pool(err) => {
                 tracing::warn!(error = %err, "no database connection");

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use inbox_core::db::PgPool;
 use inbox_core::operations::audit::{self, Outcome};
@@ -72,9 +73,19 @@ pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 pub struct Jobs {
     jobs: Mutex<HashMap<i64, Arc<ReplayJob>>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The statement timeout of their sessions (`None`: the server's).
+    statement_timeout: Option<Duration>,
 }
 
 impl Jobs {
+    /// No replay yet; theirs will run with `statement_timeout` (`None`: the server's).
+    pub fn new(statement_timeout: Option<Duration>) -> Self {
+        Self {
+            statement_timeout,
+            ..Self::default()
+        }
+    }
+
     /// The job with audit row `id`, if this process runs or ran it.
     pub fn get(&self, id: i64) -> Option<Arc<ReplayJob>> {
         self.lock().get(&id).cloned()
@@ -101,8 +112,13 @@ impl Jobs {
         });
         self.lock().insert(audit_id, Arc::clone(&job));
         let running = Arc::clone(&job);
+        let statement_timeout = self.statement_timeout;
         let task = tokio::spawn(async move {
-            let outcome = match run(&pool, &query, &extent, &running, batch).await {
+            let session = Session {
+                pool: &pool,
+                statement_timeout,
+            };
+            let outcome = match run(&session, &query, &extent, &running, batch).await {
                 Ok(outcome) => outcome,
                 Err(err) => {
                     tracing::error!(job = running.id, error = %err, "replay by filter failed");
@@ -168,10 +184,16 @@ impl Jobs {
     }
 }
 
+/// Where a replay gets its connections, and how they are set up.
+struct Session<'a> {
+    pool: &'a PgPool,
+    statement_timeout: Option<Duration>,
+}
+
 /// Replays batch after batch until none of the counted events is left, as many as were
 /// counted are replayed, or the job is aborted.
 async fn run(
-    pool: &PgPool,
+    session: &Session<'_>,
     query: &EventQuery,
     extent: &DeadExtent,
     job: &ReplayJob,
@@ -188,8 +210,8 @@ async fn run(
         if left <= 0 {
             return Ok(Outcome::Done);
         }
-        let mut conn = pool.get().await?;
-        browse::tune_session(&mut conn).await?;
+        let mut conn = session.pool.get().await?;
+        browse::tune_session(&mut conn, session.statement_timeout).await?;
         let ids = browse::dead_ids_within(&mut conn, query, extent, after, batch.min(left)).await?;
         let Some(&last) = ids.last() else {
             return Ok(Outcome::Done);

@@ -1,7 +1,6 @@
 //! Start-up: the `serve` flags, the shared state of the handlers, and the two HTTP servers
 //! (console, metrics) they describe.
 
-use inbox_core::durations::DurationFlag;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,8 +8,10 @@ use std::time::Duration;
 use actix_web::dev::ServerHandle;
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
+use diesel_async::AsyncPgConnection;
 use inbox_core::db::{DatabaseArgs, PgPool};
-use inbox_core::operations::browse;
+use inbox_core::durations::DurationFlag;
+use inbox_core::operations::browse::{self, EventQuery};
 use inbox_core::request_span::RequestSpan;
 
 use crate::error::ConsoleError;
@@ -30,6 +31,12 @@ pub const DEFAULT_REPLAY_BATCH: i64 = 500;
 /// time leaves the other core of a small machine to the pages, whatever the login traffic,
 /// and still checks about 50 logins a second.
 pub const PASSWORD_CHECKS_AT_ONCE: usize = 1;
+/// Searches of the bodies run at once. Each parses every body it reaches, which takes
+/// seconds on a large journal and holds a pooled connection meanwhile: two leave the rest of
+/// the pool to the other pages and to the replays.
+pub const BODY_SEARCHES_AT_ONCE: usize = 2;
+/// Default longest time a search of the bodies may take.
+pub const DEFAULT_BODY_SEARCH_TIMEOUT: &str = "10s";
 
 /// `console serve` flags.
 #[derive(Debug, clap::Args)]
@@ -58,6 +65,11 @@ pub struct ServeArgs {
     /// Show everything, change nothing: every repair is refused, for every user.
     #[arg(long, env = "CONSOLE_READ_ONLY")]
     pub read_only: bool,
+    /// Longest a search of the bodies (the filter's body field) may take; a longer one is
+    /// cancelled on the server and the page says to narrow it. Two run at once at most; a
+    /// third is answered 429.
+    #[arg(long, env = "CONSOLE_BODY_SEARCH_TIMEOUT", value_parser = humantime::parse_duration, default_value = DEFAULT_BODY_SEARCH_TIMEOUT)]
+    pub body_search_timeout: Duration,
     /// Dead events replayed per statement by a replay by filter.
     #[arg(long, env = "CONSOLE_REPLAY_BATCH", default_value_t = DEFAULT_REPLAY_BATCH, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub replay_batch: i64,
@@ -95,6 +107,12 @@ pub struct AppState {
     pub sessions: SessionStore,
     /// Recent failed logins, per client and per name.
     pub login_throttle: LoginThrottle,
+    /// Turns to search the bodies ([`BODY_SEARCHES_AT_ONCE`]).
+    pub body_searches: tokio::sync::Semaphore,
+    /// `--body-search-timeout`.
+    pub body_search_timeout: Duration,
+    /// `--db-statement-timeout` of the other queries (`None`: the server's).
+    pub statement_timeout: Option<Duration>,
     /// Permits to run a password check ([`PASSWORD_CHECKS_AT_ONCE`]).
     pub password_checks: tokio::sync::Semaphore,
     /// Replays by filter of this process.
@@ -118,8 +136,34 @@ impl AppState {
     /// A pooled connection set up for operator queries ([`browse::tune_session`]).
     pub async fn connection(&self) -> Result<PooledConnection<'_>, ConsoleError> {
         let mut conn = self.pool.get().await?;
-        browse::tune_session(&mut conn).await?;
+        browse::tune_session(&mut conn, self.statement_timeout).await?;
         Ok(conn)
+    }
+
+    /// Runs `run`, a query of the events `query` selects. When the query searches the bodies
+    /// it first takes one of [`BODY_SEARCHES_AT_ONCE`] turns (none free:
+    /// [`ConsoleError::Busy`], so that a few browser tabs cannot hold every connection of the
+    /// pool), and its statements end at `--body-search-timeout`.
+    pub async fn query_events<T>(
+        &self,
+        query: &EventQuery,
+        run: impl AsyncFnOnce(&mut AsyncPgConnection) -> diesel::QueryResult<T>,
+    ) -> Result<T, ConsoleError> {
+        if query.body_contains.is_none() {
+            let mut conn = self.connection().await?;
+            return Ok(run(&mut conn).await?);
+        }
+        let _turn = self.body_searches.try_acquire().map_err(|_| {
+            ConsoleError::Busy("Other searches of the bodies are running; retry in a moment.")
+        })?;
+        let mut conn = self.pool.get().await?;
+        browse::tune_session(&mut conn, Some(self.body_search_timeout)).await?;
+        run(&mut conn)
+            .await
+            .map_err(|err| ConsoleError::SearchFailed {
+                timeout: self.body_search_timeout,
+                err,
+            })
     }
 }
 
@@ -174,10 +218,10 @@ impl RunningConsole {
 
 /// Refuses a zero session lifetime (no login would last) and durations that are typing errors.
 fn check_durations(args: &ServeArgs) -> anyhow::Result<()> {
-    let mut flags = vec![DurationFlag::period(
-        "--session-lifetime",
-        args.session_lifetime,
-    )];
+    let mut flags = vec![
+        DurationFlag::period("--session-lifetime", args.session_lifetime),
+        DurationFlag::interval("--body-search-timeout", args.body_search_timeout),
+    ];
     flags.extend(args.db.duration_flags());
     inbox_core::durations::check_all(&flags).map_err(anyhow::Error::msg)
 }
@@ -187,6 +231,7 @@ pub async fn start(args: &ServeArgs) -> anyhow::Result<RunningConsole> {
     check_durations(args)?;
     let users = args.load_users()?;
     let pool = args.db.pool().context("database settings")?;
+    let statement_timeout = Some(args.db.db_statement_timeout).filter(|t| !t.is_zero());
     let metrics = Metrics::new();
     let state = web::Data::new(AppState {
         pool,
@@ -194,7 +239,10 @@ pub async fn start(args: &ServeArgs) -> anyhow::Result<RunningConsole> {
         sessions: SessionStore::new(args.session_lifetime),
         login_throttle: LoginThrottle::default(),
         password_checks: tokio::sync::Semaphore::new(PASSWORD_CHECKS_AT_ONCE),
-        jobs: Jobs::default(),
+        body_searches: tokio::sync::Semaphore::new(BODY_SEARCHES_AT_ONCE),
+        body_search_timeout: args.body_search_timeout,
+        statement_timeout,
+        jobs: Jobs::new(statement_timeout),
         metrics: metrics.clone(),
         read_only: args.read_only,
         cookie_secure: args.cookie_secure,

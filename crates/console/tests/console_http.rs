@@ -37,7 +37,7 @@ async fn keyset_pages_cover_every_matching_event_once_newest_first() {
         body_contains: Some(serde_json::json!({"even": true})),
         ..EventQuery::default()
     };
-    browse::tune_session(&mut conn).await.unwrap();
+    browse::tune_session(&mut conn, None).await.unwrap();
     let mut seen = Vec::new();
     let mut before = None;
     loop {
@@ -149,6 +149,72 @@ async fn an_event_whose_day_is_being_dropped_is_left_out_instead_of_failing_the_
         404
     );
     console.running.stop().await;
+}
+
+/// Searches of the bodies parse every body they reach: two run at once, a third is refused
+/// (429) rather than take another pooled connection, and one that outlasts
+/// `--body-search-timeout` is cancelled on the server and answered 503 with what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn searches_of_the_bodies_take_turns_and_end_at_their_timeout() {
+    let console =
+        TestConsole::start_with_body_search_timeout(std::time::Duration::from_secs(1)).await;
+    let mut conn = console.db.connect().await;
+    store(
+        &mut conn,
+        &[event("stripe", "evt_1", "push", r#"{"n": 1}"#)],
+    )
+    .await;
+    let session = HttpSession::log_in(&console, VIEWER).await;
+    // Searches wait behind this lock as they would behind a long scan.
+    let mut holder = console.db.connect().await;
+    for sql in ["BEGIN", "LOCK TABLE inbox_events IN ACCESS EXCLUSIVE MODE"] {
+        diesel_async::RunQueryDsl::execute(diesel::sql_query(sql), &mut holder)
+            .await
+            .unwrap();
+    }
+    let search = "/events?body=%7B%22n%22%3A1%7D";
+    let (first, second, third) = tokio::join!(
+        session.get(&console, search),
+        session.get(&console, search),
+        async {
+            wait_for_lock_waits(&mut conn, 2).await;
+            session.get(&console, search).await
+        }
+    );
+    assert_eq!(third.status(), 429, "a third search at once");
+    for answer in [first, second] {
+        assert_eq!(answer.status(), 503);
+        let page = answer.text().await.unwrap();
+        assert!(page.contains("did not finish within 1s"), "{page}");
+    }
+    diesel_async::RunQueryDsl::execute(diesel::sql_query("ROLLBACK"), &mut holder)
+        .await
+        .unwrap();
+    let page = session.get(&console, search).await;
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("evt_1"));
+    console.running.stop().await;
+}
+
+/// Waits until `sessions` sessions of the test's database wait for a lock.
+async fn wait_for_lock_waits(conn: &mut diesel_async::AsyncPgConnection, sessions: i64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let waiting = count_of(
+            conn,
+            "SELECT count(*) AS n FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .await;
+        if waiting == sessions {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{waiting} session(s) wait for a lock, not {sessions}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test]

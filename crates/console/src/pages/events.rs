@@ -34,9 +34,11 @@ pub async fn list(
     params: web::Query<ListParams>,
 ) -> Result<HttpResponse, ConsoleError> {
     let query = params.filter.to_query()?;
-    let mut conn = state.connection().await?;
-    let mut rows = browse::list_page(&mut conn, &query, params.before, PAGE_SIZE + 1).await?;
-    drop(conn);
+    let mut rows = state
+        .query_events(&query, async |conn| {
+            browse::list_page(conn, &query, params.before, PAGE_SIZE + 1).await
+        })
+        .await?;
     let more = rows.len() > usize::try_from(PAGE_SIZE).unwrap_or(usize::MAX);
     rows.truncate(usize::try_from(PAGE_SIZE).unwrap_or(usize::MAX));
     let filter = &params.filter;

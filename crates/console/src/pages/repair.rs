@@ -74,9 +74,9 @@ pub async fn estimate(
     filter: web::Query<FilterParams>,
 ) -> Result<HttpResponse, ConsoleError> {
     let query = filter.to_query()?;
-    let mut conn = state.connection().await?;
-    let estimated = browse::count_dead(&mut conn, &query).await?;
-    drop(conn);
+    let estimated = state
+        .query_events(&query, async |conn| browse::count_dead(conn, &query).await)
+        .await?;
     let content = html! {
         p { "Filter: " code { (filter.to_audit_json()) } }
         p id="estimate" { "This filter selects " strong id="estimated" { (estimated) } " dead event(s) (whatever its state field says, only dead events are replayed)." }
@@ -114,10 +114,11 @@ pub async fn start(
 ) -> Result<HttpResponse, ConsoleError> {
     user.authorize_repair(&state, &form.csrf_token)?;
     let query = form.filter.to_query()?;
-    let mut conn = state.connection().await?;
     // The confirmed figure comes from the browser: only the server's own count may bound
     // what the job changes.
-    let extent = browse::dead_extent(&mut conn, &query).await?;
+    let extent = state
+        .query_events(&query, async |conn| browse::dead_extent(conn, &query).await)
+        .await?;
     if extent.rows > form.estimated {
         return Err(ConsoleError::Conflict(format!(
             "This filter now selects {} dead event(s), more than the {} you confirmed: \
@@ -134,6 +135,7 @@ pub async fn start(
     if let (Some(fields), Some(last_id)) = (target.as_object_mut(), extent.last_id) {
         fields.insert("up_to_id".to_owned(), serde_json::Value::from(last_id));
     }
+    let mut conn = state.connection().await?;
     let audit_id = audit::record(
         &mut conn,
         NewAction {

@@ -31,16 +31,25 @@ pub struct TestConsole {
 
 impl TestConsole {
     pub async fn start(read_only: bool) -> Self {
-        Self::start_with(read_only, false).await
+        Self::start_with(read_only, false, Duration::from_secs(10)).await
+    }
+
+    /// A console whose searches of the bodies end after `timeout`.
+    pub async fn start_with_body_search_timeout(timeout: Duration) -> Self {
+        Self::start_with(false, false, timeout).await
     }
 
     /// A console whose cookies are `Secure` (and `__Host-` named), as in production; the tests
     /// still reach it over plain HTTP, which the server does not check.
     pub async fn start_with_secure_cookies() -> Self {
-        Self::start_with(false, true).await
+        Self::start_with(false, true, Duration::from_secs(10)).await
     }
 
-    async fn start_with(read_only: bool, cookie_secure: bool) -> Self {
+    async fn start_with(
+        read_only: bool,
+        cookie_secure: bool,
+        body_search_timeout: Duration,
+    ) -> Self {
         let db = TestDatabase::new().await;
         let users = format!(
             "{}:operator:{} {}:viewer:{}",
@@ -58,6 +67,7 @@ impl TestConsole {
             cookie_secure,
             read_only,
             replay_batch: 1,
+            body_search_timeout,
             db: db.args(4),
         };
         let running = server::start(&args).await.unwrap();

@@ -16,6 +16,8 @@
 //!
 //! Run [`tune_session`] on the connection first (the console does for every request).
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Jsonb, Nullable, SmallInt, Text, Timestamptz};
@@ -122,11 +124,20 @@ const SUMMARY_COLUMNS: &str = "SELECT event.id, event.provider, event.event_id, 
 ///   the same plan). Operator queries are few; planning each for its values is cheap.
 /// - `jit = off`: the overview's aggregates over a million rows cross the JIT cost threshold,
 ///   and compiling them took longer (about 240 ms) than running them.
-pub async fn tune_session(conn: &mut AsyncPgConnection) -> QueryResult<()> {
+/// - `statement_timeout`: set on every use of a pooled session, so that no earlier user's
+///   limit stays behind (a search of the bodies has a shorter one); `None`: the server's.
+pub async fn tune_session(
+    conn: &mut AsyncPgConnection,
+    statement_timeout: Option<Duration>,
+) -> QueryResult<()> {
+    let timeout = statement_timeout.map(|timeout| format!("{}ms", timeout.as_millis().max(1)));
     diesel::sql_query(
         "SELECT set_config('plan_cache_mode', 'force_custom_plan', false), \
-                set_config('jit', 'off', false)",
+                set_config('jit', 'off', false), \
+                set_config('statement_timeout', coalesce($1, setting.reset_val), false) \
+         FROM pg_settings AS setting WHERE setting.name = 'statement_timeout'",
     )
+    .bind::<Nullable<Text>, _>(timeout)
     .execute(conn)
     .await
     .map(|_| ())
