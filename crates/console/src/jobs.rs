@@ -26,6 +26,9 @@ pub struct ReplayJob {
     pub counted: i64,
     replayed: AtomicI64,
     abort: AtomicBool,
+    /// Set, under the outcome's lock, once the job has done all it will: its outcome is
+    /// decided and only to be recorded, and an abort is refused from then on.
+    ending: AtomicBool,
     outcome: Mutex<Outcome>,
 }
 
@@ -50,11 +53,28 @@ impl ReplayJob {
             .outcome
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if *outcome != Outcome::Running {
+        if *outcome != Outcome::Running || self.ending.load(Ordering::Relaxed) {
             return false;
         }
         self.abort.store(true, Ordering::Relaxed);
         true
+    }
+
+    /// Takes back an abort whose audit could not be recorded: an abort the audit does not
+    /// hold does not happen (unless the job stopped for it meanwhile).
+    pub fn withdraw_abort(&self) {
+        self.abort.store(false, Ordering::Relaxed);
+    }
+
+    /// The job has done all it will: from now on an abort is refused. False when an abort
+    /// was asked first: the job then ends as aborted, as that abort's audit row says.
+    fn end(&self) -> bool {
+        let _outcome = self
+            .outcome
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.ending.store(true, Ordering::Relaxed);
+        !self.abort.load(Ordering::Relaxed)
     }
 
     fn finish(&self, outcome: Outcome) {
@@ -108,6 +128,7 @@ impl Jobs {
             counted: extent.rows,
             replayed: AtomicI64::new(0),
             abort: AtomicBool::new(false),
+            ending: AtomicBool::new(false),
             outcome: Mutex::new(Outcome::Running),
         });
         self.lock().insert(audit_id, Arc::clone(&job));
@@ -121,6 +142,7 @@ impl Jobs {
             let outcome = match run(&session, &query, &extent, &running, batch).await {
                 Ok(outcome) => outcome,
                 Err(err) => {
+                    running.end();
                     tracing::error!(job = running.id, error = %err, "replay by filter failed");
                     Outcome::Failed
                 }
@@ -184,6 +206,15 @@ impl Jobs {
     }
 }
 
+/// Done, unless an abort came first (see [`ReplayJob::end`]).
+fn done_unless_aborted(job: &ReplayJob) -> Outcome {
+    if job.end() {
+        Outcome::Done
+    } else {
+        Outcome::Aborted
+    }
+}
+
 /// Where a replay gets its connections, and how they are set up.
 struct Session<'a> {
     pool: &'a PgPool,
@@ -202,19 +233,20 @@ async fn run(
     let mut after = 0;
     loop {
         if job.abort.load(Ordering::Relaxed) {
+            job.end();
             return Ok(Outcome::Aborted);
         }
         // The count is also a cap: whatever the bounds let through, the audit never reports
         // more events changed than the operator was shown.
         let left = extent.rows - job.replayed();
         if left <= 0 {
-            return Ok(Outcome::Done);
+            return Ok(done_unless_aborted(job));
         }
         let mut conn = session.pool.get().await?;
         browse::tune_session(&mut conn, session.statement_timeout).await?;
         let ids = browse::dead_ids_within(&mut conn, query, extent, after, batch.min(left)).await?;
         let Some(&last) = ids.last() else {
-            return Ok(Outcome::Done);
+            return Ok(done_unless_aborted(job));
         };
         after = last;
         let replayed = inbox_core::operations::replay(&mut conn, &ids).await?;
@@ -227,5 +259,36 @@ async fn run(
             .fetch_add(i64::try_from(replayed)?, Ordering::Relaxed)
             + i64::try_from(replayed)?;
         audit::update_progress(&mut conn, job.id, total, Outcome::Running).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> ReplayJob {
+        ReplayJob {
+            id: 1,
+            actor: "olivia".to_owned(),
+            counted: 10,
+            replayed: AtomicI64::new(0),
+            abort: AtomicBool::new(false),
+            ending: AtomicBool::new(false),
+            outcome: Mutex::new(Outcome::Running),
+        }
+    }
+
+    #[test]
+    fn an_abort_is_refused_once_the_job_has_decided_its_outcome_and_wins_before() {
+        // Finished replaying, its outcome not yet recorded: an abort now would be recorded
+        // for a job that ends done.
+        let ended = job();
+        assert_eq!(done_unless_aborted(&ended), Outcome::Done);
+        assert!(!ended.abort());
+
+        // Asked before the job decided: it ends aborted, as the abort's audit row says.
+        let aborted = job();
+        assert!(aborted.abort());
+        assert_eq!(done_unless_aborted(&aborted), Outcome::Aborted);
     }
 }

@@ -1041,6 +1041,20 @@ async fn a_repair_that_would_change_nothing_is_refused_and_not_audited() {
         .await
         .unwrap()
         .contains("has ended already (done): nothing to abort"));
+    // The replay made the event ready: replaying it again (a second click) changes nothing.
+    let answer = operator
+        .post(
+            &console,
+            &format!("/events/{id}/replay"),
+            &[("csrf_token", &token)],
+        )
+        .await;
+    assert_eq!(answer.status(), 409);
+    assert!(answer
+        .text()
+        .await
+        .unwrap()
+        .contains("nothing was replayed"));
 
     let audit = inbox_core::operations::audit::recent(&mut conn, 10)
         .await
@@ -1212,7 +1226,7 @@ async fn an_ordered_events_key_is_shown_and_a_blocked_keys_dead_head_is_listed_a
             ],
         )
         .await;
-    assert_eq!(answer.status(), 400, "a released key is not released twice");
+    assert_eq!(answer.status(), 409, "a released key is not released twice");
     console.running.stop().await;
 }
 
@@ -1353,6 +1367,6 @@ async fn refusals_are_grouped_by_cause_and_a_suppressed_replay_is_released_by_an
             &[("csrf_token", &operator.csrf_token), ("id", &id)],
         )
         .await;
-    assert_eq!(answer.status(), 400, "released once");
+    assert_eq!(answer.status(), 409, "released once");
     console.running.stop().await;
 }

@@ -125,8 +125,8 @@ pub async fn release(
     conn.transaction::<_, ConsoleError, _>(async |tx| {
         let released = replays::release(tx, &[form.id]).await?;
         if released.is_empty() {
-            return Err(ConsoleError::BadRequest(format!(
-                "{} is not a suppressed replay (released already, or purged)",
+            return Err(ConsoleError::Conflict(format!(
+                "{} is not a suppressed replay (released already, or purged): nothing was released.",
                 form.id
             )));
         }

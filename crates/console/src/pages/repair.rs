@@ -43,6 +43,14 @@ pub async fn replay_one(
     let replayed = conn
         .transaction::<_, ConsoleError, _>(async |tx| {
             let replayed = operations::replay(tx, &[*id]).await?;
+            if replayed == 0 {
+                // Replayed already (a second click, another operator) or never dead: nothing
+                // changes, so nothing is recorded.
+                return Err(ConsoleError::Conflict(format!(
+                    "Event {} is not dead (any more): nothing was replayed.",
+                    *id
+                )));
+            }
             audit::record(
                 tx,
                 NewAction::done(
@@ -53,11 +61,9 @@ pub async fn replay_one(
                 ),
             )
             .await?;
-            if replayed > 0 {
-                // Idle workers claim it now instead of at their next poll; PostgreSQL sends
-                // the notification at commit, and only if the replay commits.
-                inbox::notify_new_events(tx).await?;
-            }
+            // Idle workers claim it now instead of at their next poll; PostgreSQL sends the
+            // notification at commit, and only if the replay commits.
+            inbox::notify_new_events(tx).await?;
             Ok(replayed)
         })
         .await?;
@@ -210,30 +216,37 @@ pub async fn abort(
     user.authorize_repair(&state, &form.csrf_token)?;
     let job = state.jobs.get(*id).ok_or(ConsoleError::NotFound)?;
     let mut conn = state.connection().await?;
-    // The abort is asked for inside the audit's transaction, once its row is written: an
-    // abort the audit cannot hold does not happen, and a job that has ended is not recorded
-    // as aborted.
-    conn.transaction::<_, ConsoleError, _>(async |tx| {
-        audit::record(
-            tx,
-            NewAction::done(
-                &user.session.user,
-                "abort",
-                serde_json::json!({ "job": job.id }),
-                0,
-            ),
-        )
-        .await?;
-        if !job.abort() {
-            return Err(ConsoleError::Conflict(format!(
-                "Replay {} has ended already ({}): nothing to abort.",
-                job.id,
-                job.outcome().as_str()
-            )));
-        }
-        Ok(())
-    })
-    .await?;
+    // The abort is asked for inside the audit's transaction, once its row is written: a job
+    // that has ended (or has decided its outcome) is not recorded as aborted, and an abort
+    // the audit could not hold is taken back.
+    let mut asked = false;
+    let recorded = conn
+        .transaction::<_, ConsoleError, _>(async |tx| {
+            audit::record(
+                tx,
+                NewAction::done(
+                    &user.session.user,
+                    "abort",
+                    serde_json::json!({ "job": job.id }),
+                    0,
+                ),
+            )
+            .await?;
+            if !job.abort() {
+                return Err(ConsoleError::Conflict(format!(
+                    "Replay {} has ended already ({}): nothing to abort.",
+                    job.id,
+                    job.outcome().as_str()
+                )));
+            }
+            asked = true;
+            Ok(())
+        })
+        .await;
+    if recorded.is_err() && asked {
+        job.withdraw_abort();
+    }
+    recorded?;
     state.metrics.repairs.with_label_values(&["abort"]).inc();
     Ok(see_other(format!("/jobs/{}", job.id)))
 }

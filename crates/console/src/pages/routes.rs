@@ -190,6 +190,11 @@ pub async fn skip(
         let key = match ordering::skip_dead_head(tx, form.head_id, &form.reason).await {
             Ok(key) => key,
             Err(ordering::SkipError::Database(err)) => return Err(err.into()),
+            // Skipped or replayed already (a second click, another operator): a conflict
+            // with what the page showed, not a bad form.
+            Err(refused @ ordering::SkipError::NotBlocking(_)) => {
+                return Err(ConsoleError::Conflict(refused.to_string()))
+            }
             Err(refused) => return Err(ConsoleError::BadRequest(refused.to_string())),
         };
         audit::record(
