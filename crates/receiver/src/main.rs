@@ -111,6 +111,14 @@ async fn main() -> anyhow::Result<()> {
                     humantime::format_duration(tolerance)
                 );
             }
+            for name in providers.signing_urls_without_public_url() {
+                println!(
+                    "warning: provider {name} signs the URL it calls, and has no public_url: the \
+                     URL is rebuilt from the request's Host, which the sender chooses, so a \
+                     delivery captured on another host of the same account verifies here too; \
+                     set public_url"
+                );
+            }
             for (first, second) in providers.sharing_a_key() {
                 println!(
                     "warning: providers {first} and {second} share a secret: deliveries to one \
@@ -188,6 +196,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             provider = name,
             tolerance = %humantime::format_duration(tolerance),
             "provider accepts timestamps over a day away: a captured delivery verifies that long"
+        );
+    }
+    for provider in providers.signing_urls_without_public_url() {
+        tracing::warn!(
+            provider,
+            "provider signs the URL it calls and has no public_url: the URL is rebuilt from the request's Host, which the sender chooses; set public_url"
         );
     }
     for provider in providers.iter().filter(|p| p.unsigned) {

@@ -252,6 +252,21 @@ impl Providers {
             .collect()
     }
 
+    /// Signed providers (by name) whose scheme signs the URL it called but with no
+    /// `public_url`: the signed URL is then rebuilt from the request's `Host` (or
+    /// `Forwarded`), which the sender chooses, so a delivery captured on another host of the
+    /// same account (staging) verifies here too.
+    pub fn signing_urls_without_public_url(&self) -> Vec<&str> {
+        self.iter()
+            .filter(|provider| {
+                !provider.unsigned
+                    && provider.public_url.is_none()
+                    && provider.scheme.profile().signs_url
+            })
+            .map(|provider| provider.name.as_str())
+            .collect()
+    }
+
     /// Pairs of providers (by name) that share a secret or key: each one's deliveries verify
     /// on the other's path too, so a delivery can be replayed under the wrong provider.
     pub fn sharing_a_key(&self) -> Vec<(&str, &str)> {

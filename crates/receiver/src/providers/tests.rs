@@ -436,6 +436,26 @@ fn a_zero_tolerance_is_refused_and_one_over_a_day_is_named() {
     assert_eq!(wide, ["wide"]);
 }
 
+#[test]
+fn a_provider_signing_its_url_without_public_url_is_named() {
+    let providers = parse(
+        r#"
+        [providers.twilio]
+        scheme = "twilio"
+        secrets = [{ env = "SECRET" }]
+        [providers.twilio-pinned]
+        scheme = "twilio"
+        public_url = "https://hooks.example.com/webhooks/twilio-pinned"
+        secrets = [{ env = "SECRET" }]
+        [providers.stripe]
+        scheme = "stripe"
+        secrets = [{ env = "SECRET" }]
+        "#,
+    )
+    .expect("valid file");
+    assert_eq!(providers.signing_urls_without_public_url(), ["twilio"]);
+}
+
 /// The event ids `provider` (a catalog scheme, unsigned here) gives each of `bodies`.
 fn catalog_ids(scheme: &str, bodies: &[serde_json::Value]) -> Vec<String> {
     let providers = parse(&format!(
