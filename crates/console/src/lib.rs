@@ -8,6 +8,7 @@
 //! ([`http`]); every repair is written to the audit table.
 #![forbid(unsafe_code)]
 
+pub mod client_address;
 pub mod error;
 pub mod http;
 pub mod jobs;

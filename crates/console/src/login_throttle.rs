@@ -10,8 +10,9 @@
 //!
 //! A name is limited whether or not it exists (the answer must not tell), so anyone may keep
 //! an operator's name refused for a window at a time; the other operators still log in. Behind
-//! a reverse proxy every client has the proxy's address, and the address limit applies to all
-//! of them together.
+//! a reverse proxy the client's address is the one the proxy forwarded, when the proxy is
+//! trusted ([`crate::client_address`]); else every client has the proxy's address, and the
+//! address limit applies to all of them together.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;

@@ -14,6 +14,7 @@ use inbox_core::durations::DurationFlag;
 use inbox_core::operations::browse::{self, EventQuery};
 use inbox_core::request_span::RequestSpan;
 
+use crate::client_address::TrustedProxies;
 use crate::error::ConsoleError;
 
 use crate::jobs::Jobs;
@@ -70,6 +71,11 @@ pub struct ServeArgs {
     /// third is answered 429.
     #[arg(long, env = "CONSOLE_BODY_SEARCH_TIMEOUT", value_parser = humantime::parse_duration, default_value = DEFAULT_BODY_SEARCH_TIMEOUT)]
     pub body_search_timeout: Duration,
+    /// Reverse proxies (addresses or networks, separated by commas) whose X-Forwarded-For
+    /// names the client, for the per-address login limit. Without it every login behind a
+    /// proxy comes from the proxy's address, and the limit applies to all users together.
+    #[arg(long, env = "CONSOLE_TRUSTED_PROXIES", default_value = "")]
+    pub trusted_proxies: TrustedProxies,
     /// Dead events replayed per statement by a replay by filter.
     #[arg(long, env = "CONSOLE_REPLAY_BATCH", default_value_t = DEFAULT_REPLAY_BATCH, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub replay_batch: i64,
@@ -107,6 +113,8 @@ pub struct AppState {
     pub sessions: SessionStore,
     /// Recent failed logins, per client and per name.
     pub login_throttle: LoginThrottle,
+    /// `--trusted-proxies`.
+    pub trusted_proxies: TrustedProxies,
     /// Turns to search the bodies ([`BODY_SEARCHES_AT_ONCE`]).
     pub body_searches: tokio::sync::Semaphore,
     /// `--body-search-timeout`.
@@ -239,6 +247,7 @@ pub async fn start(args: &ServeArgs) -> anyhow::Result<RunningConsole> {
         sessions: SessionStore::new(args.session_lifetime),
         login_throttle: LoginThrottle::default(),
         password_checks: tokio::sync::Semaphore::new(PASSWORD_CHECKS_AT_ONCE),
+        trusted_proxies: args.trusted_proxies.clone(),
         body_searches: tokio::sync::Semaphore::new(BODY_SEARCHES_AT_ONCE),
         body_search_timeout: args.body_search_timeout,
         statement_timeout,

@@ -510,6 +510,39 @@ async fn secure_cookies_are_host_only_and_prefixed() {
     );
 }
 
+/// Behind a trusted proxy (the tests' consoles trust 127.0.0.1) each client is counted by the
+/// address the proxy forwarded: one client's guesses do not lock its colleagues out.
+#[tokio::test]
+async fn behind_a_trusted_proxy_one_clients_guesses_do_not_lock_out_another() {
+    let console = TestConsole::start(false).await;
+    let client_from = |address: &str| {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert("x-forwarded-for", address.parse().unwrap());
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .default_headers(headers)
+            .build()
+            .unwrap()
+    };
+    let guesser = client_from("198.51.100.1");
+    // Five names, so that only the address's limit is reached.
+    for n in 0..5 {
+        let name = format!("nobody-{n}");
+        let answer = support::try_log_in(&guesser, &console, (&name, "wrong")).await;
+        assert_eq!(answer.status(), 401);
+    }
+    let answer = support::try_log_in(&guesser, &console, VIEWER).await;
+    assert_eq!(answer.status(), 429, "the guessing client is held back");
+    let colleague = client_from("198.51.100.2");
+    let answer = support::try_log_in(&colleague, &console, VIEWER).await;
+    assert_eq!(
+        answer.status(),
+        303,
+        "another client behind the same proxy logs in"
+    );
+    console.running.stop().await;
+}
+
 #[tokio::test]
 async fn a_flood_of_wrong_passwords_is_throttled_without_checking_them() {
     let console = TestConsole::start(false).await;

@@ -89,7 +89,13 @@ pub async fn submit(
     let LoginForm {
         username, password, ..
     } = form.into_inner();
-    let client = request.peer_addr().map(|addr| addr.ip());
+    let client = state.trusted_proxies.client(
+        request.peer_addr().map(|addr| addr.ip()),
+        request
+            .headers()
+            .get_all("x-forwarded-for")
+            .filter_map(|value| value.to_str().ok()),
+    );
     let attempt = match state
         .login_throttle
         .begin(client, &username, Instant::now())

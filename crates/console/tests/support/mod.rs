@@ -68,6 +68,7 @@ impl TestConsole {
             read_only,
             replay_batch: 1,
             body_search_timeout,
+            trusted_proxies: "127.0.0.1".parse().unwrap(),
             db: db.args(4),
         };
         let running = server::start(&args).await.unwrap();
