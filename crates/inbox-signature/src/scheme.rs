@@ -198,13 +198,37 @@ pub enum HandshakeKind {
     Get,
 }
 
-/// The answer to a handshake.
+/// The answer to a handshake: 200 with a body, or 204 with none.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HandshakeReply {
     /// The `Content-Type` of the answer.
     pub content_type: &'static str,
-    /// The answer body.
+    /// The answer body; empty for [`HandshakeReply::no_content`].
     pub body: Vec<u8>,
+    /// 200, or 204 (Discord's webhook events want nothing else).
+    pub status: u16,
+}
+
+impl HandshakeReply {
+    /// 200 with `body`.
+    #[must_use]
+    pub fn ok(content_type: &'static str, body: Vec<u8>) -> Self {
+        Self {
+            content_type,
+            body,
+            status: 200,
+        }
+    }
+
+    /// 204, no body.
+    #[must_use]
+    pub fn no_content() -> Self {
+        Self {
+            content_type: "",
+            body: Vec::new(),
+            status: 204,
+        }
+    }
 }
 
 /// The acknowledgement a provider expects for a stored event.
@@ -216,6 +240,8 @@ pub enum Ack {
     Text(String),
     /// A fixed JSON body (Discord expects an interaction response, `{"type":5}`).
     Json(String),
+    /// 204 and no body (Discord's webhook events).
+    NoContent,
 }
 
 /// Where a provider puts what the receiver needs besides the signature.

@@ -110,7 +110,7 @@ fn cases() -> Vec<Case> {
                 "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
                 "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
             ),
-            "discord" => (ED25519_A, ED25519_B),
+            "discord" | "discord-events" => (ED25519_A, ED25519_B),
             "sendgrid" => (P256_A, P256_B),
             "adyen" => (
                 "DFB1EB5485895CFA84146406857104ABB4CBCABDC8AAF103A624C8F6A3EAAB00",

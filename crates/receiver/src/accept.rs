@@ -187,6 +187,7 @@ pub fn acknowledgement(provider: &Provider, stored: Stored, batch: bool) -> Http
         Ack::Json(json) => HttpResponse::Ok()
             .content_type("application/json")
             .body(json.clone()),
+        Ack::NoContent => HttpResponse::NoContent().finish(),
         Ack::Status if batch => HttpResponse::Ok().json(serde_json::json!({
             "status": stored.outcome(),
             "accepted": stored.accepted + stored.suppressed_replays,
@@ -199,6 +200,12 @@ pub fn acknowledgement(provider: &Provider, stored: Stored, batch: bool) -> Http
 /// The answer to a handshake. Echoed challenges are attacker-chosen text: never sniffed as
 /// HTML, never cached.
 pub fn handshake_answer(reply: HandshakeReply) -> HttpResponse {
+    if reply.status == 204 {
+        return HttpResponse::NoContent()
+            .insert_header(("x-content-type-options", "nosniff"))
+            .insert_header((header::CACHE_CONTROL, "no-store"))
+            .finish();
+    }
     HttpResponse::Ok()
         .content_type(reply.content_type)
         .insert_header(("x-content-type-options", "nosniff"))

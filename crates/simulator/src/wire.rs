@@ -285,7 +285,7 @@ fn place_value(
 
 /// A key no provider was configured with, of the kind the provider's scheme uses.
 fn forged_key(provider: &Provider) -> Option<SigningKey> {
-    let configured_ed25519 = provider.scheme.name() == "discord"
+    let configured_ed25519 = matches!(provider.scheme.name(), "discord" | "discord-events")
         || (provider.scheme.name() == "standard-webhooks"
             && provider
                 .scheme
@@ -435,6 +435,12 @@ pub fn handshake(provider: &Provider, now: i64, url: &str) -> Option<Handshake> 
             Vec::new(),
             serde_json::json!({ "type": 1, "id": challenge }),
             r#"{"type":1}"#.into(),
+        ),
+        // Answered 204, no body.
+        "discord-events" => (
+            Vec::new(),
+            serde_json::json!({ "version": 1, "application_id": challenge, "type": 0 }),
+            String::new(),
         ),
         "dropbox" => {
             return Some(Handshake {

@@ -271,7 +271,7 @@ fn secrets_for(name: &str) -> Vec<&'static str> {
             "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
             "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A=",
         ],
-        "discord" => vec![ED25519_PRIVATE],
+        "discord" | "discord-events" => vec![ED25519_PRIVATE],
         "sendgrid" => vec![P256_PRIVATE],
         "adyen" => vec!["DFB1EB5485895CFA84146406857104ABB4CBCABDC8AAF103A624C8F6A3EAAB00"],
         "postmark" => vec!["user:password"],

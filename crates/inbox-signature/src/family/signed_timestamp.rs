@@ -36,9 +36,19 @@ pub struct SignedTimestamp {
     pub tolerance: Duration,
     /// Where ids and types are.
     pub profile: Profile,
-    /// Whether a signed `{"type": 1}` without an `event` is a PING, answered `{"type":1}`
-    /// (Discord's interactions).
-    pub answers_ping: bool,
+    /// Which signed body is a PING to answer, if any.
+    pub ping: Ping,
+}
+
+/// The PING a [`SignedTimestamp`] scheme answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ping {
+    /// None (SendGrid).
+    None,
+    /// Discord's interactions: `{"type": 1}` without an `event`, answered `{"type":1}`.
+    Interaction,
+    /// Discord's webhook events: `{"type": 0}`, answered 204.
+    WebhookEvent,
 }
 
 impl Scheme for SignedTimestamp {
@@ -88,20 +98,20 @@ impl Scheme for SignedTimestamp {
         request: &Request<'_>,
         _key: Option<&SigningKey>,
     ) -> Option<Result<HandshakeReply, VerifyError>> {
-        if !self.answers_ping {
+        if self.ping == Ping::None {
             return None;
         }
         let json: serde_json::Value = serde_json::from_slice(request.body).ok()?;
-        // A webhook event of Discord's other kind (`"type": 1` too, with an `event`) is no
-        // interaction PING: never answered as one and so never stored.
-        let ping = json.get("type").and_then(serde_json::Value::as_i64) == Some(1)
-            && json.get("event").is_none();
-        ping.then(|| {
-            Ok(HandshakeReply {
-                content_type: "application/json",
-                body: br#"{"type":1}"#.to_vec(),
-            })
-        })
+        let kind = json.get("type").and_then(serde_json::Value::as_i64);
+        match self.ping {
+            // A webhook event (`"type": 1` too, with an `event`) is no interaction PING: never
+            // answered as one and so never stored.
+            Ping::Interaction if kind == Some(1) && json.get("event").is_none() => Some(Ok(
+                HandshakeReply::ok("application/json", br#"{"type":1}"#.to_vec()),
+            )),
+            Ping::WebhookEvent if kind == Some(0) => Some(Ok(HandshakeReply::no_content())),
+            _ => None,
+        }
     }
 }
 

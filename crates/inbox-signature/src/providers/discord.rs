@@ -9,10 +9,17 @@
 //! `{"type":5}` (deferred: the user sees the application thinking), and its handler follows it
 //! up through the interaction's token within 15 minutes. Autocomplete interactions cannot be
 //! deferred and are not for an inbox.
+//!
+//! Discord's webhook events (`discord-events`, the application's "Webhook Events URL") are
+//! signed the same way: `{"version": 1, "application_id", "type", "event"}`, `type` 0 the
+//! PING and 1 an event, both answered 204 with no body. An event has no id: the id joins the
+//! event's `type` and `timestamp` (microseconds, which a retry repeats) with the object it is
+//! about, `data.id` (an entitlement, a message) or else `data.user.id` and `data.guild.id`
+//! (an authorization).
 
 use std::time::Duration;
 
-use crate::family::signed_timestamp::{Curve, SignedTimestamp};
+use crate::family::signed_timestamp::{Curve, Ping, SignedTimestamp};
 use crate::providers::{fields, tolerance_or, Options};
 use crate::{Ack, Field, HandshakeKind, Profile, Scheme, DEFAULT_TOLERANCE};
 
@@ -39,7 +46,38 @@ pub fn scheme(tolerance: Duration) -> SignedTimestamp {
             ..fields(&[Field::pointer("/id")], &[Field::pointer("/type")])
                 .with_handshake(HandshakeKind::SignedPost)
         },
-        answers_ping: true,
+        ping: Ping::Interaction,
+    }
+}
+
+/// The scheme of Discord's webhook events with this tolerance; keys as [`scheme`]'s.
+#[must_use]
+pub fn events_scheme(tolerance: Duration) -> SignedTimestamp {
+    let joined = |pointers: &[&str]| {
+        let mut all = vec!["/event/type".to_owned(), "/event/timestamp".to_owned()];
+        all.extend(pointers.iter().map(|&pointer| pointer.to_owned()));
+        Field::JoinedPointers(all)
+    };
+    SignedTimestamp {
+        name: "discord-events",
+        signature_header: SIGNATURE,
+        timestamp_header: TIMESTAMP,
+        curve: Curve::Ed25519Hex,
+        tolerance,
+        profile: Profile {
+            ack: Ack::NoContent,
+            ..fields(
+                &[
+                    joined(&["/event/data/id"]),
+                    joined(&["/event/data/user/id", "/event/data/guild/id"]),
+                    joined(&["/event/data/user/id"]),
+                    joined(&[]),
+                ],
+                &[Field::pointer("/event/type")],
+            )
+            .with_handshake(HandshakeKind::SignedPost)
+        },
+        ping: Ping::WebhookEvent,
     }
 }
 
@@ -49,6 +87,17 @@ pub fn scheme(tolerance: Duration) -> SignedTimestamp {
 /// Never; the signature is the catalog's.
 pub fn build(options: &Options) -> Result<Box<dyn Scheme>, String> {
     Ok(Box::new(scheme(tolerance_or(options, DEFAULT_TOLERANCE))))
+}
+
+/// Builds the webhook events' scheme (`tolerance` is the only option).
+///
+/// # Errors
+/// Never; the signature is the catalog's.
+pub fn build_events(options: &Options) -> Result<Box<dyn Scheme>, String> {
+    Ok(Box::new(events_scheme(tolerance_or(
+        options,
+        DEFAULT_TOLERANCE,
+    ))))
 }
 
 #[cfg(test)]
@@ -103,6 +152,29 @@ mod tests {
         assert!(scheme
             .handshake(&Request::post(&headers, event), None)
             .is_none());
+    }
+
+    #[test]
+    fn the_webhook_events_ping_is_type_0_and_is_answered_204() {
+        // The same signature as interactions: the vector of discord-interactions' verifyKey
+        // verifies under this scheme too.
+        let headers = [
+            ("X-Signature-Ed25519", SIGNATURE),
+            ("X-Signature-Timestamp", "1700000000"),
+        ];
+        let events = events_scheme(DEFAULT_TOLERANCE);
+        assert_vector(&events, PUBLIC_KEY, "", &headers, BODY, 1_700_000_000);
+        let ping = br#"{"version":1,"application_id":"2222","type":0}"#;
+        let reply = events
+            .handshake(&Request::post(&headers, ping), None)
+            .expect("PING")
+            .expect("answer");
+        assert_eq!((reply.status, reply.body.as_slice()), (204, b"".as_slice()));
+        let event = br#"{"version":1,"application_id":"2222","type":1,"event":{"type":"ENTITLEMENT_CREATE","timestamp":"2026-12-01T10:00:00.123456","data":{"id":"e-1"}}}"#;
+        assert!(events
+            .handshake(&Request::post(&headers, event), None)
+            .is_none());
+        assert_eq!(events.profile().ack, Ack::NoContent);
     }
 
     #[test]

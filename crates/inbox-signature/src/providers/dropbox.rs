@@ -53,10 +53,10 @@ template_scheme!(Dropbox {
         }
         Some(
             query_value(request.query(), "challenge")
-                .map(|challenge| HandshakeReply {
-                    content_type: "text/plain",
-                    body: challenge.into_bytes(),
-                })
+                .map(|challenge| HandshakeReply::ok(
+                    "text/plain",
+                    challenge.into_bytes(),
+                ))
                 .ok_or(VerifyError::MalformedBody("GET without challenge")),
         )
     }

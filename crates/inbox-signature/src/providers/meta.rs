@@ -114,10 +114,7 @@ impl Scheme for Meta {
         {
             return Some(Err(VerifyError::NoMatch));
         }
-        Some(Ok(HandshakeReply {
-            content_type: "text/plain",
-            body: challenge.into_bytes(),
-        }))
+        Some(Ok(HandshakeReply::ok("text/plain", challenge.into_bytes())))
     }
 }
 

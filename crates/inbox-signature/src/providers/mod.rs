@@ -100,6 +100,10 @@ pub const CATALOG: &[Entry] = &[
         build: discord::build,
     },
     Entry {
+        name: "discord-events",
+        build: discord::build_events,
+    },
+    Entry {
         name: "dropbox",
         build: dropbox::build,
     },

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::family::signed_timestamp::{Curve, SignedTimestamp};
+use crate::family::signed_timestamp::{Curve, Ping, SignedTimestamp};
 use crate::providers::{tolerance_or, Options};
 use crate::{Batch, ItemId, Profile, Scheme, DEFAULT_TOLERANCE};
 
@@ -34,7 +34,7 @@ pub fn scheme(tolerance: Duration) -> SignedTimestamp {
             }),
             ..Profile::fields(Vec::new(), Vec::new())
         },
-        answers_ping: false,
+        ping: Ping::None,
     }
 }
 

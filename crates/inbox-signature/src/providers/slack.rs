@@ -64,10 +64,10 @@ template_scheme!(Slack {
         let Some(challenge) = json.get("challenge").and_then(serde_json::Value::as_str) else {
             return Some(Err(VerifyError::MalformedBody("url_verification without challenge")));
         };
-        Some(Ok(HandshakeReply {
-            content_type: "application/json",
-            body: serde_json::json!({ "challenge": challenge }).to_string().into_bytes(),
-        }))
+        Some(Ok(HandshakeReply::ok(
+            "application/json",
+            serde_json::json!({ "challenge": challenge }).to_string().into_bytes(),
+        )))
     }
 });
 

@@ -75,10 +75,10 @@ template_scheme!(Twitch {
             .and_then(|json| json.get("challenge"))
             .and_then(serde_json::Value::as_str);
         Some(match challenge {
-            Some(challenge) => Ok(HandshakeReply {
-                content_type: "text/plain",
-                body: challenge.as_bytes().to_vec(),
-            }),
+            Some(challenge) => Ok(HandshakeReply::ok(
+                "text/plain",
+                challenge.as_bytes().to_vec(),
+            )),
             None => Err(VerifyError::MalformedBody("verification without challenge")),
         })
     }

@@ -83,12 +83,12 @@ template_scheme!(Zoom {
             return Some(Err(VerifyError::MalformedBody("url_validation without plainToken")));
         };
         let encrypted = hex::encode(key.hmac(Algorithm::Sha256, &[plain.as_bytes()]));
-        Some(Ok(HandshakeReply {
-            content_type: "application/json",
-            body: serde_json::json!({ "plainToken": plain, "encryptedToken": encrypted })
+        Some(Ok(HandshakeReply::ok(
+            "application/json",
+            serde_json::json!({ "plainToken": plain, "encryptedToken": encrypted })
                 .to_string()
                 .into_bytes(),
-        }))
+        )))
     }
 });
 

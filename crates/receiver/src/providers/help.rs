@@ -8,16 +8,18 @@ the dedup key. Names: 1-64 characters of a-z, 0-9, '-' and '_'.
 
   [providers.<name>]
   scheme = "stripe" | "github" | "standard-webhooks" | "shopify" | "slack" | "twilio" | "square"
-         | "paddle" | "mailgun" | "sendgrid" | "discord" | "zoom" | "linear" | "intercom"
-         | "gitlab" | "adyen" | "hubspot" | "typeform" | "calendly" | "twitch" | "woocommerce"
-         | "razorpay" | "meta" | "dropbox" | "jira" | "postmark" | "template" | "hmac-sha256"
+         | "paddle" | "mailgun" | "sendgrid" | "discord" | "discord-events" | "zoom" | "linear"
+         | "intercom" | "gitlab" | "adyen" | "hubspot" | "typeform" | "calendly" | "twitch"
+         | "woocommerce" | "razorpay" | "meta" | "dropbox" | "jira" | "postmark" | "template"
+         | "hmac-sha256"
   secrets = [{ env = "VAR", name = "current" }, { file = "path", name = "previous" }]
       Tried in order (rotation). Each secret comes from exactly one environment variable or
       file (relative to the provider file; a trailing newline is ignored). `name` labels it in
       inbox_receiver_signature_verified_total{provider,secret} (default: its position).
       Standard Webhooks secrets are written whsec_<base64>; Stripe's whsec_ string is used whole;
       Adyen's HMAC key is hex; gitlab's is the token; postmark's is user:password.
-  public_keys = ["..."]      discord (hex), sendgrid (base64 DER), standard-webhooks (whpk_...):
+  public_keys = ["..."]      discord, discord-events (hex), sendgrid (base64 DER),
+                             standard-webhooks (whpk_...):
                              public keys, inline; never fetched at request time
   unsigned = true            accept unverified requests (local development only; no secrets)
   tolerance = "5m"           schemes with a signed timestamp: accepted clock distance, both ways

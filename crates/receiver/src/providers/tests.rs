@@ -159,6 +159,7 @@ fn the_example_file_parses_as_shipped_and_with_every_provider_uncommented() {
             "calendly",
             "demo",
             "discord",
+            "discord-events",
             "dropbox",
             "github",
             "gitlab",
@@ -185,7 +186,7 @@ fn the_example_file_parses_as_shipped_and_with_every_provider_uncommented() {
             "zoom"
         ]
     );
-    assert_eq!(all.iter().count(), 29);
+    assert_eq!(all.iter().count(), 30);
     let stripe = all.get("stripe").expect("stripe");
     assert_eq!(stripe.key_names, ["current", "previous"]);
 
@@ -543,4 +544,48 @@ fn zoom_events_of_one_millisecond_are_told_apart_by_their_object() {
     );
     assert_eq!(ids[3], "meeting.started:1765000000123:mtg==");
     assert_ne!(ids[4], ids[5]);
+}
+
+#[test]
+fn discord_webhook_events_are_told_apart_by_type_time_and_object() {
+    use serde_json::json;
+    // Shapes of discord-api-docs' Webhook Events (developers/events/webhook-events.mdx).
+    let event = |kind: &str, at: &str, data: serde_json::Value| {
+        json!({"version": 1, "application_id": "1234", "type": 1,
+               "event": {"type": kind, "timestamp": at, "data": data}})
+    };
+    let ids = catalog_ids(
+        "discord-events",
+        &[
+            event(
+                "ENTITLEMENT_CREATE",
+                "2026-12-01T10:00:00.123456",
+                json!({"id": "e-1"}),
+            ),
+            event(
+                "ENTITLEMENT_CREATE",
+                "2026-12-01T10:00:00.123456",
+                json!({"id": "e-1"}),
+            ),
+            event(
+                "ENTITLEMENT_CREATE",
+                "2026-12-01T10:00:00.123456",
+                json!({"id": "e-2"}),
+            ),
+            event(
+                "APPLICATION_AUTHORIZED",
+                "2026-12-01T10:00:00.123456",
+                json!({"user": {"id": "u-1"}, "guild": {"id": "g-1"}, "scopes": ["bot"]}),
+            ),
+            event(
+                "APPLICATION_AUTHORIZED",
+                "2026-12-01T10:00:00.123456",
+                json!({"user": {"id": "u-1"}, "scopes": ["applications.commands"]}),
+            ),
+        ],
+    );
+    assert_eq!(ids[0], ids[1], "a retry is the same event");
+    assert_eq!(ids[0], "ENTITLEMENT_CREATE:2026-12-01T10:00:00.123456:e-1");
+    let distinct: std::collections::HashSet<&String> = ids[1..].iter().collect();
+    assert_eq!(distinct.len(), ids.len() - 1, "{ids:?}");
 }
