@@ -253,7 +253,7 @@ pub fn check_durations(args: &ServeArgs) -> anyhow::Result<()> {
         DurationFlag::interval("--db-deadline", args.db_deadline),
         DurationFlag::interval("--body-timeout", args.body_timeout),
         DurationFlag::wait("--head-timeout", args.head_timeout),
-        DurationFlag::short_wait("--notify-spacing", args.notify_spacing),
+        DurationFlag::wait("--notify-spacing", args.notify_spacing),
         DurationFlag::wait("--shutdown-timeout", args.shutdown_timeout),
         DurationFlag::period("--rejections-max-age", args.rejections_max_age),
     ];
