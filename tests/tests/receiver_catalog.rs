@@ -589,6 +589,37 @@ async fn a_batch_as_large_as_sendgrid_sends_is_stored_whole() {
     assert_eq!(answer.status, 400);
 }
 
+/// The largest batch a request may carry enters the writers' queue whole: admitted event by
+/// event, its tail found the queue full, and every retry was answered 503 again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_batch_allowed_is_stored_whole() {
+    let db = TestDatabase::new().await;
+    let mut args = serve_args(&db, IngestMode::GroupCommit);
+    // Ten thousand rows take a debug build longer than the default deadline.
+    args.db_deadline = std::time::Duration::from_secs(60);
+    let receiver = TestReceiver::start(args, catalog()).await;
+    let providers = catalog();
+    let sendgrid = providers.get("sendgrid").unwrap();
+    let items: Vec<String> = (0..receiver::identify::MAX_BATCH_ITEMS)
+        .map(|n| format!(r#"{{"sg_event_id":"sg-{n}","event":"open"}}"#))
+        .collect();
+    let body = format!("[{}]", items.join(","));
+    let signed = sendgrid
+        .scheme
+        .sign(
+            &sendgrid.keys[0],
+            &Outgoing::post(body.as_bytes(), "", unix_now()),
+        )
+        .unwrap();
+    let answer = receiver
+        .post_webhook("sendgrid", &signed.headers, signed.body)
+        .await;
+    assert_eq!(
+        answer.json,
+        json!({"status": "accepted", "accepted": items.len(), "duplicates": 0})
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn url_signed_providers_verify_against_their_public_url_behind_another_host() {
     let db = TestDatabase::new().await;

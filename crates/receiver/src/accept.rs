@@ -3,7 +3,6 @@
 
 use actix_web::http::header::{self, HeaderMap};
 use actix_web::HttpResponse;
-use futures_util::future::join_all;
 use inbox_core::inbox::{InsertOutcome, NewEvent};
 use inbox_core::limits::is_storable_text;
 use inbox_signature::{Ack, HandshakeReply};
@@ -103,11 +102,10 @@ pub async fn store_all(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let results = join_all(rows.into_iter().map(|row| async {
-        let event_id = row.event_id.clone();
-        (event_id, state.ingestor.store(row, deadline).await)
-    }))
-    .await;
+    let event_ids: Vec<String> = rows.iter().map(|row| row.event_id.clone()).collect();
+    let results = event_ids
+        .into_iter()
+        .zip(state.ingestor.store_all(rows, deadline).await);
     let mut stored = Stored {
         accepted: 0,
         duplicates: 0,

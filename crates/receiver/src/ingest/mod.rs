@@ -20,6 +20,7 @@
 
 mod write;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,8 +42,9 @@ pub const DEFAULT_MAX_BATCH: usize = 256;
 /// more statements and commits for the same load, which cost the database more CPU than the
 /// overlap saves where commits are fast (see `bench/history.md`).
 pub const DEFAULT_WRITERS: usize = 1;
-/// Events that may wait for a writer before new requests are turned away with 503.
-const QUEUE_CAPACITY: usize = 8_192;
+/// Events that may wait for a writer before new requests are turned away with 503: room for
+/// the largest batch a request may carry ([`crate::identify::MAX_BATCH_ITEMS`]) beside others.
+const QUEUE_CAPACITY: usize = 2 * crate::identify::MAX_BATCH_ITEMS;
 
 /// How events are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -203,52 +205,64 @@ impl Ingestor {
         arrival + self.deadline
     }
 
-    /// Stores one event and returns once its row is committed (or known to exist), or at
-    /// `deadline` with [`StoreError::Deadline`].
-    pub async fn store(&self, event: NewEvent, deadline: Instant) -> write::Answer {
+    /// Stores the events of one request and returns once each row is committed (or known to
+    /// exist), or at `deadline` with [`StoreError::Deadline`]: one answer per event, in order.
+    /// In group commit the request's events enter the writers' queue together or not at all
+    /// ([`StoreError::Overloaded`]): a batch admitted in part would write its head and be
+    /// answered 503 for its tail, again at every retry.
+    pub async fn store_all(&self, events: Vec<NewEvent>, deadline: Instant) -> Vec<write::Answer> {
+        let refuse_all = |error: StoreError, count: usize| {
+            self.metrics().observe_failure(&error);
+            let error = Arc::new(error);
+            vec![Err(error); count]
+        };
         if deadline <= Instant::now() {
             // Receiving and verifying its body took the whole budget: no writer or connection
             // is worth taking for it.
-            let error = StoreError::Deadline;
-            self.metrics().observe_failure(&error);
-            return Err(Arc::new(error));
+            return refuse_all(StoreError::Deadline, events.len());
         }
         match &self.inner {
             Inner::PerRequest(store) => {
                 // Were the request dropped (its client gone), this future would be too.
                 let never = std::future::pending();
-                let mut answers = store
-                    .write_events(std::slice::from_ref(&event), deadline, never)
-                    .await;
-                answers
-                    .pop()
-                    .unwrap_or_else(|| Err(Arc::new(StoreError::ShuttingDown)))
+                store.write_events(&events, deadline, never).await
             }
             Inner::GroupCommit { queue, metrics } => {
-                let (reply, answer) = oneshot::channel();
-                // Counted before it is sent, so a writer never takes it off the gauge first.
-                metrics.ingest_queue.inc();
-                let pending = Pending {
-                    event,
-                    deadline,
-                    reply,
+                let count = events.len();
+                let permits = match queue.try_reserve_many(count) {
+                    Ok(permits) => permits,
+                    Err(mpsc::error::TrySendError::Full(())) => {
+                        return refuse_all(StoreError::Overloaded, count)
+                    }
+                    Err(mpsc::error::TrySendError::Closed(())) => {
+                        return refuse_all(StoreError::ShuttingDown, count)
+                    }
                 };
-                queue.try_send(pending).map_err(|err| {
-                    metrics.ingest_queue.dec();
-                    let error = match err {
-                        mpsc::error::TrySendError::Full(_) => StoreError::Overloaded,
-                        mpsc::error::TrySendError::Closed(_) => StoreError::ShuttingDown,
-                    };
-                    // Never reached a writer, so no batch counts it.
-                    metrics.observe_failure(&error);
-                    Arc::new(error)
-                })?;
-                // Dropping `answer` here is what tells the writer this request gave up.
-                match tokio::time::timeout_at(deadline, answer).await {
-                    Ok(Ok(result)) => result,
-                    Ok(Err(_writer_gone)) => Err(Arc::new(StoreError::ShuttingDown)),
-                    Err(_elapsed) => Err(Arc::new(StoreError::Deadline)),
-                }
+                // Counted before they are sent, so a writer never takes them off the gauge first.
+                metrics
+                    .ingest_queue
+                    .add(i64::try_from(count).unwrap_or(i64::MAX));
+                let answers: Vec<_> = permits
+                    .zip(events)
+                    .map(|(permit, event)| {
+                        let (reply, answer) = oneshot::channel();
+                        permit.send(Pending {
+                            event,
+                            deadline,
+                            reply,
+                        });
+                        answer
+                    })
+                    .collect();
+                // Dropping an `answer` is what tells the writer its request gave up.
+                join_all(answers.into_iter().map(|answer| async move {
+                    match tokio::time::timeout_at(deadline, answer).await {
+                        Ok(Ok(result)) => result,
+                        Ok(Err(_writer_gone)) => Err(Arc::new(StoreError::ShuttingDown)),
+                        Err(_elapsed) => Err(Arc::new(StoreError::Deadline)),
+                    }
+                }))
+                .await
             }
         }
     }
@@ -287,7 +301,21 @@ async fn run_writer(
                 .count()
                 .max(1);
             let group: Vec<Pending> = batch.drain(..count).collect();
-            write_group(&store, group).await;
+            // A panic costs its group's requests their answer (503: "writer gone"), never the
+            // writer: with one writer, every later request would be answered 503.
+            if let Err(panic) = AssertUnwindSafe(write_group(&store, group))
+                .catch_unwind()
+                .await
+            {
+                tracing::error!(
+                    panic = panic
+                        .downcast_ref::<&str>()
+                        .copied()
+                        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+                        .unwrap_or("?"),
+                    "writing a group of events panicked; its requests were answered 503"
+                );
+            }
         }
     }
 }

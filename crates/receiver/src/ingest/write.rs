@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use diesel_async::{AnsiTransactionManager, TransactionManager};
+use futures_util::future::{Fuse, FutureExt as _};
 use inbox_core::db::PgPool;
 use inbox_core::inbox::{self, InsertOutcome, NewEvent};
 use inbox_core::pg_connect::ConnectionSettings;
@@ -41,7 +43,7 @@ enum Failure {
     /// An error diesel-async reports without its SQLSTATE: class 22 (data exception) among
     /// others, some of them passing (disk full). Worth isolating; a row failing alone this way
     /// is refused only if a rehearsal of its insert names class 22 or 23 (see
-    /// [`Store::rehearsal_refuses`]), else answered 503.
+    /// [`Store::rehearse`]), else answered 503.
     Unclassified,
     /// Nothing to do with the rows (connection lost, read-only server): every row fails.
     NotTheRows,
@@ -94,7 +96,9 @@ impl Store {
         gave_up: impl Future<Output = ()>,
     ) -> Vec<Answer> {
         let metrics = &self.metrics;
-        let mut gave_up = std::pin::pin!(gave_up);
+        // Fused: once every requester gave up, it is never polled to completion again (an
+        // unfused future may panic when polled after it finished).
+        let mut gave_up = std::pin::pin!(gave_up.fuse());
         let checkout = tokio::time::timeout_at(deadline, self.pool.get_owned());
         let conn = tokio::select! {
             conn = checkout => conn.ok().and_then(Result::ok),
@@ -148,7 +152,15 @@ impl Store {
                             Failure::RowRefused => true,
                             _ => {
                                 let event = &events[group.start];
-                                self.rehearsal_refuses(event, deadline, &mut gave_up).await
+                                match self.rehearse(event, deadline, &mut gave_up).await {
+                                    Rehearsal::Refused => true,
+                                    Rehearsal::NotRefused => false,
+                                    // Nobody waits for an answer any more.
+                                    Rehearsal::GaveUp => {
+                                        fail_rest(&mut answers, StoreError::Deadline, metrics);
+                                        break;
+                                    }
+                                }
                             }
                         };
                         let alone = if refused {
@@ -175,14 +187,14 @@ impl Store {
     /// passed), or that fails otherwise (the disk still full), leaves the row to be retried.
     /// Only rows that failed alone with an error diesel-async reports without its SQLSTATE
     /// are rehearsed, so it costs a connection per such row, never one per batch.
-    async fn rehearsal_refuses(
+    async fn rehearse(
         &self,
         event: &NewEvent,
         deadline: Instant,
-        gave_up: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
-    ) -> bool {
+        gave_up: &mut std::pin::Pin<&mut Fuse<impl Future<Output = ()>>>,
+    ) -> Rehearsal {
         let Some(connection) = &self.connection else {
-            return false;
+            return Rehearsal::NotRefused;
         };
         let rehearsal = async {
             let (mut client, driver) = connection.connect_client().await.ok()?;
@@ -196,7 +208,7 @@ impl Store {
         };
         let code = tokio::select! {
             code = tokio::time::timeout_at(deadline, rehearsal) => code.ok().flatten(),
-            () = gave_up.as_mut() => None,
+            () = gave_up.as_mut() => return Rehearsal::GaveUp,
         };
         match code {
             Some(code) => {
@@ -204,16 +216,20 @@ impl Store {
                     sqlstate = code.code(),
                     "rehearsed the insert of a failed row"
                 );
-                refuses_the_row(&code)
+                if refuses_the_row(&code) {
+                    Rehearsal::Refused
+                } else {
+                    Rehearsal::NotRefused
+                }
             }
-            None => false,
+            None => Rehearsal::NotRefused,
         }
     }
 
     /// Nobody waits for the statement in flight any more: it is cancelled on the server, and
     /// the connection, which would queue the next batch behind it, stays out of the pool until
-    /// a trivial query shows the statement is over. Had it committed first, the providers'
-    /// retries are answered "duplicate".
+    /// a trivial query shows the statement is over; then it is closed, not pooled again. Had
+    /// the statement committed first, the providers' retries are answered "duplicate".
     fn abandon<C>(&self, mut conn: C, token: &tokio_postgres::CancelToken)
     where
         C: std::ops::DerefMut<Target = diesel_async::AsyncPgConnection> + Send + 'static,
@@ -230,8 +246,21 @@ impl Store {
             let drained =
                 diesel_async::SimpleAsyncConnection::batch_execute(&mut *conn, "SELECT 1");
             let _ = tokio::time::timeout(QUARANTINE, drained).await;
+            // A cancel reaches its backend when the server gets to it: back in the pool, the
+            // connection's next statement (another batch's) could be the one cancelled.
+            AnsiTransactionManager::transaction_manager_status_mut(&mut *conn).set_in_error();
         });
     }
+}
+
+/// What rehearsing a failed row's insert said.
+enum Rehearsal {
+    /// The database refuses the row for good (class 22 or 23).
+    Refused,
+    /// Not for good, or it could not say in time: the row is retried.
+    NotRefused,
+    /// Every request waiting for the batch gave up meanwhile.
+    GaveUp,
 }
 
 /// Whether a statement failing with `code` can never store its row as it is: a data exception
