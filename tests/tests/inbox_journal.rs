@@ -246,8 +246,11 @@ async fn a_kept_event_done_longer_ago_than_the_retention_is_deleted_row_by_row()
     .await
     .unwrap();
     inbox::complete(&mut conn, dead, Uuid::nil()).await.unwrap();
+    // Its handler's record of the effect, however recent, goes with the event (by its key:
+    // the table has no index by time to find it by).
     conn.batch_execute(&format!(
-        "UPDATE inbox_finished SET processed_at = now() - interval '8 days' WHERE id = {dead}"
+        "UPDATE inbox_finished SET processed_at = now() - interval '8 days' WHERE id = {dead}; \
+         INSERT INTO processed_events (provider, event_id) VALUES ('demo', 'evt_old_5')"
     ))
     .await
     .unwrap();
@@ -256,6 +259,11 @@ async fn a_kept_event_done_longer_ago_than_the_retention_is_deleted_row_by_row()
         .await
         .unwrap();
     assert_eq!((purged.days, purged.events), (0, 1), "{purged:?}");
+    assert_eq!(purged.processed_records, 1, "{purged:?}");
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM processed_events").await,
+        0
+    );
     assert_eq!(
         count(
             &mut conn,

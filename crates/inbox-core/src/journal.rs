@@ -139,11 +139,14 @@ pub struct DroppedDays {
     pub events: usize,
     /// Events of those days moved to the kept partition (queued or dead).
     pub kept: usize,
+    /// The handlers' `processed_events` records of the events dropped.
+    pub processed_records: usize,
 }
 
 /// Drops every day partition whose events were all received before `cutoff`, oldest first.
-/// For each: its events still queued or dead move to the kept partition, the finished rows
-/// and dedup keys of the others are deleted `batch` at a time (small rows), then the
+/// For each: its events still queued or dead move to the kept partition, the finished rows,
+/// dedup keys and `processed_events` records of the others are deleted `batch` at a time
+/// (small rows), then the
 /// partition is detached concurrently and dropped.
 ///
 /// Locks: the move and the deletes take row locks only; `DETACH PARTITION ... CONCURRENTLY`
@@ -175,7 +178,9 @@ pub async fn drop_days_received_before(
             continue;
         };
         dropped.kept += keep_survivors(conn, &partition.name, end_day, batch).await?;
-        dropped.events += delete_keys_and_outcomes(conn, &partition.name, batch).await?;
+        let (events, processed) = delete_keys_and_outcomes(conn, &partition.name, batch).await?;
+        dropped.events += events;
+        dropped.processed_records += processed;
         let name = quote_identifier(&partition.name);
         conn.batch_execute(&format!(
             "ALTER TABLE inbox_events DETACH PARTITION {name} CONCURRENTLY"
@@ -272,17 +277,20 @@ async fn keep_survivors(
     }
 }
 
-/// Deletes the finished rows and the dedup keys of every event left in `partition` (all done,
-/// once the survivors are moved), `batch` events per statement, in id order.
+/// Deletes the finished rows, the dedup keys and the handlers' `processed_events` records of
+/// every event left in `partition` (all done, once the survivors are moved), `batch` events
+/// per statement, in id order, each record by its key. Returns the events and the records.
 async fn delete_keys_and_outcomes(
     conn: &mut AsyncPgConnection,
     partition: &str,
     batch: i64,
-) -> QueryResult<usize> {
+) -> QueryResult<(usize, usize)> {
     #[derive(QueryableByName)]
     struct Deleted {
         #[diesel(sql_type = BigInt)]
         events: i64,
+        #[diesel(sql_type = BigInt)]
+        processed: i64,
         #[diesel(sql_type = Nullable<BigInt>)]
         last_id: Option<i64>,
     }
@@ -295,21 +303,29 @@ async fn delete_keys_and_outcomes(
          ), keys AS ( \
              DELETE FROM inbox_dedup USING gone \
              WHERE inbox_dedup.provider = gone.provider AND inbox_dedup.event_id = gone.event_id \
+         ), processed AS ( \
+             DELETE FROM processed_events USING gone \
+             WHERE processed_events.provider = gone.provider \
+               AND processed_events.event_id = gone.event_id \
+             RETURNING 1 \
          ) \
-         SELECT count(*) AS events, max(id) AS last_id FROM gone",
+         SELECT count(*) AS events, (SELECT count(*) FROM processed) AS processed, \
+                max(id) AS last_id \
+         FROM gone",
         quote_identifier(partition)
     );
     let mut after = i64::MIN;
-    let mut events = 0;
+    let (mut events, mut processed) = (0, 0);
     loop {
         let deleted: Deleted = diesel::sql_query(&statement)
             .bind::<BigInt, _>(after)
             .get_result(conn)
             .await?;
         events += usize::try_from(deleted.events).unwrap_or(0);
+        processed += usize::try_from(deleted.processed).unwrap_or(0);
         match deleted.last_id {
             Some(last_id) if deleted.events == batch => after = last_id,
-            _ => return Ok(events),
+            _ => return Ok((events, processed)),
         }
     }
 }

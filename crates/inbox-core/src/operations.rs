@@ -321,7 +321,8 @@ pub struct Purged {
     pub idle_keys: usize,
 }
 
-/// Deletes done events older than `retention`, and their `processed_events` records. Whole
+/// Deletes done events older than `retention`, and their `processed_events` records (each by
+/// its key, with its event: the table has no index by time). Whole
 /// days go at once: a day partition of the journal is dropped once every event of it was
 /// received more than `retention` ago (its events still queued or dead are kept, moved aside
 /// first; see [`crate::journal`]), so an event is kept at least `retention` and at most a day
@@ -397,12 +398,19 @@ async fn purge_holding_lock(
     let mut purged = Purged {
         events: dropped.events,
         days: dropped.days,
-        processed_records: 0,
+        processed_records: dropped.processed_records,
         suppressed_replays: 0,
         idle_keys: 0,
     };
+    #[derive(diesel::QueryableByName)]
+    struct Deleted {
+        #[diesel(sql_type = BigInt)]
+        events: i64,
+        #[diesel(sql_type = BigInt)]
+        processed: i64,
+    }
     loop {
-        let deleted = diesel::sql_query(statuses_sql!(
+        let deleted: Deleted = diesel::sql_query(statuses_sql!(
             "WITH outcomes AS ( \
                  DELETE FROM inbox_finished WHERE id = ANY(ARRAY( \
                      SELECT finished.id FROM inbox_finished AS finished \
@@ -414,32 +422,27 @@ async fn purge_holding_lock(
              ), journal AS ( \
                  DELETE FROM inbox_events_kept WHERE id IN (SELECT id FROM outcomes) \
                  RETURNING provider, event_id \
+             ), keys AS ( \
+                 DELETE FROM inbox_dedup USING journal \
+                 WHERE inbox_dedup.provider = journal.provider \
+                   AND inbox_dedup.event_id = journal.event_id \
+             ), processed AS ( \
+                 DELETE FROM processed_events USING journal \
+                 WHERE processed_events.provider = journal.provider \
+                   AND processed_events.event_id = journal.event_id \
+                 RETURNING 1 \
              ) \
-             DELETE FROM inbox_dedup USING journal \
-             WHERE inbox_dedup.provider = journal.provider \
-               AND inbox_dedup.event_id = journal.event_id"
+             SELECT (SELECT count(*) FROM journal) AS events, \
+                    (SELECT count(*) FROM processed) AS processed"
         ))
         .bind::<BigInt, _>(retention_ms)
         .bind::<BigInt, _>(batch)
-        .execute(conn)
+        .get_result(conn)
         .await?;
-        purged.events += deleted;
-        if deleted < usize::try_from(batch).unwrap_or(usize::MAX) {
-            break;
-        }
-    }
-    loop {
-        let deleted = diesel::sql_query(
-            "DELETE FROM processed_events WHERE ctid = ANY(ARRAY( \
-                 SELECT ctid FROM processed_events \
-                 WHERE processed_at < now() - $1 * interval '1 millisecond' LIMIT $2))",
-        )
-        .bind::<BigInt, _>(retention_ms)
-        .bind::<BigInt, _>(batch)
-        .execute(conn)
-        .await?;
-        purged.processed_records += deleted;
-        if deleted < usize::try_from(batch).unwrap_or(usize::MAX) {
+        let events = usize::try_from(deleted.events).unwrap_or(0);
+        purged.events += events;
+        purged.processed_records += usize::try_from(deleted.processed).unwrap_or(0);
+        if events < usize::try_from(batch).unwrap_or(usize::MAX) {
             break;
         }
     }
