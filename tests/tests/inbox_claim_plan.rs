@@ -828,3 +828,62 @@ async fn a_duplicate_reads_its_stored_key_by_key_under_statistics_taken_while_th
         );
     }
 }
+
+/// `worker show` (and the console's lookups by provider and event id) find the event by its
+/// dedup key, then read it by its id: the journal has no index by event id, and a filter on it
+/// read every stored event of every day.
+#[tokio::test]
+async fn showing_an_event_reads_it_by_key_not_the_whole_journal() {
+    const EVENTS: usize = 500;
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let events: Vec<NewEvent> = (0..EVENTS).map(event).collect();
+    insert_events(&mut conn, &events).await.unwrap();
+    conn.batch_execute("ANALYZE").await.unwrap();
+    let wanted = events[EVENTS / 2].event_id.clone();
+    let (shown, scanned) = reading(
+        &mut conn,
+        "seq_tup_read",
+        "inbox\\_events%",
+        async |conn: &mut AsyncPgConnection| {
+            inbox_core::operations::show(conn, "demo", &wanted)
+                .await
+                .unwrap()
+        },
+    )
+    .await;
+    assert_eq!(
+        shown.map(|event| event.summary.event_id).as_deref(),
+        Some(wanted.as_str())
+    );
+    assert_eq!(scanned, 0, "the journal was scanned");
+
+    // The console's list, filtered by provider and event id.
+    let query = inbox_core::operations::browse::EventQuery {
+        provider: Some("demo".into()),
+        event_id: Some(wanted.clone()),
+        ..Default::default()
+    };
+    let (listed, scanned) = reading(
+        &mut conn,
+        "seq_tup_read",
+        "inbox\\_events%",
+        async |conn: &mut AsyncPgConnection| {
+            inbox_core::operations::browse::tune_session(conn, None)
+                .await
+                .unwrap();
+            inbox_core::operations::browse::list_page(conn, &query, None, 51)
+                .await
+                .unwrap()
+        },
+    )
+    .await;
+    assert_eq!(
+        listed
+            .iter()
+            .map(|row| row.event_id.as_str())
+            .collect::<Vec<_>>(),
+        [wanted.as_str()]
+    );
+    assert_eq!(scanned, 0, "the list scanned the journal");
+}

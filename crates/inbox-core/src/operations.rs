@@ -204,19 +204,29 @@ pub struct EventDetail {
     pub locked_until: Option<DateTime<Utc>>,
 }
 
-/// The event `(provider, event_id)`, if stored.
+/// The event `(provider, event_id)`, if stored: its id read by its dedup key, then the event
+/// by its id (the journal has no index by event id: a filter on it read every day).
 pub async fn show(
     conn: &mut AsyncPgConnection,
     provider: &str,
     event_id: &str,
 ) -> QueryResult<Option<EventDetail>> {
-    webhook_inbox::table
-        .filter(webhook_inbox::provider.eq(provider))
-        .filter(webhook_inbox::event_id.eq(event_id))
-        .select(EventDetail::as_select())
-        .first(conn)
-        .await
-        .optional()
+    #[derive(diesel::QueryableByName)]
+    struct Key {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+    }
+    let key: Option<Key> =
+        diesel::sql_query("SELECT id FROM inbox_dedup WHERE provider = $1 AND event_id = $2")
+            .bind::<diesel::sql_types::Text, _>(provider)
+            .bind::<diesel::sql_types::Text, _>(event_id)
+            .get_result(conn)
+            .await
+            .optional()?;
+    match key {
+        Some(key) => browse::event_by_id(conn, key.id).await,
+        None => Ok(None),
+    }
 }
 
 /// Ids of the dead rows `filter` selects (what a replay would touch).

@@ -42,7 +42,8 @@ pub struct SuppressedReplay {
 
 /// The newest `limit` suppressed replays of `provider` (all when `None`) received since
 /// `since` (all when `None`), newest first. Reads the `(provider, received_at)` or
-/// `received_at` index; takes no lock.
+/// `received_at` index, and each original from the journal by its id (`inbox_dedup` has no
+/// index by id); takes no lock.
 pub async fn list(
     conn: &mut AsyncPgConnection,
     provider: Option<&str>,
@@ -54,8 +55,10 @@ pub async fn list(
                 replay.received_at, octet_length(replay.body)::bigint AS body_bytes, \
                 replay.original_id, original.event_id AS original_event_id \
          FROM inbox_suppressed_replays AS replay \
-         LEFT JOIN inbox_dedup AS original ON original.id = replay.original_id \
-                                          AND original.provider = replay.provider \
+         LEFT JOIN LATERAL ( \
+             SELECT event.event_id FROM inbox_events AS event \
+             WHERE event.id = replay.original_id LIMIT 1 \
+         ) AS original ON true \
          WHERE ($1::text IS NULL OR replay.provider = $1) \
            AND ($2::timestamptz IS NULL OR replay.received_at >= $2) \
          ORDER BY replay.received_at DESC, replay.id DESC \

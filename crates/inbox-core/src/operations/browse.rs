@@ -76,6 +76,14 @@ impl Statement {
             .push_str(&format!(" AND {left} ${}", self.params.len()));
     }
 
+    /// `AND` a condition of several parameters, written by `condition` from their numbers.
+    fn and_many(&mut self, params: Vec<Param>, condition: impl FnOnce(&[usize]) -> String) {
+        let first = self.params.len() + 1;
+        let numbers: Vec<usize> = (first..first + params.len()).collect();
+        self.params.extend(params);
+        self.sql.push_str(&format!(" AND {}", condition(&numbers)));
+    }
+
     fn limit(&mut self, limit: i64) {
         self.params.push(Param::Int(limit));
         self.sql.push_str(&format!(" LIMIT ${}", self.params.len()));
@@ -156,6 +164,19 @@ impl EventQuery {
         }
         if let Some(event_id) = &self.event_id {
             statement.and("event.event_id =", Param::Text(event_id.clone()));
+            // The journal has no index by event id; its dedup key does, with the provider.
+            if let Some(provider) = &self.provider {
+                statement.and_many(
+                    vec![Param::Text(provider.clone()), Param::Text(event_id.clone())],
+                    |n| {
+                        format!(
+                            "event.id = (SELECT dedup.id FROM inbox_dedup AS dedup \
+                             WHERE dedup.provider = ${} AND dedup.event_id = ${})",
+                            n[0], n[1]
+                        )
+                    },
+                );
+            }
         }
         if let Some(since) = self.received_since {
             statement.and("event.received_at >=", Param::Time(since));
