@@ -167,7 +167,8 @@ pub enum SkipError {
 }
 
 /// Releases the key that dead event row `id` blocks, keeping `reason` in `inbox_key_skips`:
-/// the event stays dead (a replay may still run it later), the key's next event runs. Returns
+/// the event stays dead (a replay may still run it later: as a late arrival, stale, once a
+/// later event of its key is done), the key's next event runs. Returns
 /// the key released. The key's next event becomes its head at once, for a claim to take.
 ///
 /// One transaction: the key row is updated only while `blocked_by = id`, so two skips (or a

@@ -114,8 +114,10 @@ pub enum OperatorCommand {
         #[command(flatten)]
         db: Database,
     },
-    /// Release the key a dead head blocks: the event stays dead (a replay may still run it
-    /// later), the key's next event runs, and the reason is kept in inbox_key_skips.
+    /// Release the key a dead head blocks: the event stays dead, the key's next event runs,
+    /// and the reason is kept in inbox_key_skips. A replay may still run the event later, as a
+    /// late arrival once a later event of its key is done (marked stale, or completed without
+    /// its handler where the provider skips late arrivals).
     Skip {
         /// Row id of the dead head (see `keys --blocked`).
         id: i64,
