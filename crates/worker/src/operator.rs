@@ -11,6 +11,9 @@ use inbox_core::InboxStatus;
 
 use crate::escape;
 
+/// Dead events `worker replay` replays per statement (as the console's default).
+const REPLAY_BATCH: usize = 500;
+
 #[derive(Debug, clap::Args)]
 pub struct Database {
     /// PostgreSQL connection URL.
@@ -299,7 +302,13 @@ impl OperatorCommand {
                     )?;
                     return Ok(());
                 }
-                let replayed = operations::replay(&mut conn, &candidates).await?;
+                // A statement per batch, as the console's replay by filter: one statement for
+                // a mass of dead events would hold their keys and the queue's vacuum for as
+                // long as it takes.
+                let mut replayed = 0;
+                for batch in candidates.chunks(REPLAY_BATCH) {
+                    replayed += operations::replay(&mut conn, batch).await?;
+                }
                 writeln!(out, "replayed {replayed} dead event(s)")?;
                 let not_dead: Vec<i64> = filter
                     .ids

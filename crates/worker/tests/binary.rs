@@ -345,6 +345,44 @@ async fn operator_commands_show_the_backlog_list_replay_and_purge() {
     );
 }
 
+/// More dead events than one statement replays: all are replayed, batch after batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_every_matching_dead_event_replays_them_all_in_batches() {
+    const DEAD: i64 = 1_201;
+    let db = TestDatabase::new().await;
+    let mut conn = db.connect().await;
+    let events: Vec<_> = (0..DEAD as usize)
+        .map(|n| event(n, "demo.poison"))
+        .collect();
+    insert_events(&mut conn, &events).await.unwrap();
+    diesel_async::RunQueryDsl::execute(
+        diesel::sql_query(
+            "WITH dead AS (DELETE FROM inbox_queue RETURNING id, attempt) \
+             INSERT INTO inbox_finished (id, status, attempt, locked_by, last_error, processed_at) \
+             SELECT id, 3, 1, 'w1', 'poison', now() FROM dead",
+        ),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    let replayed = stdout(&output(
+        &db,
+        &["replay", "--all-matching", "--provider", "demo"],
+    ));
+    assert!(
+        replayed.contains(&format!("replayed {DEAD} dead event(s)")),
+        "{replayed}"
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM webhook_inbox WHERE status = 0"
+        )
+        .await,
+        DEAD
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_is_logged_with_the_event_it_is_about() {
     let db = TestDatabase::new().await;
