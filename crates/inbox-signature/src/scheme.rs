@@ -161,6 +161,12 @@ impl Field {
     pub fn pointer(pointer: &str) -> Self {
         Self::JsonPointer(pointer.to_owned())
     }
+
+    /// Several JSON pointers, their values joined (see [`Field::JoinedPointers`]).
+    #[must_use]
+    pub fn joined(pointers: &[&str]) -> Self {
+        Self::JoinedPointers(pointers.iter().map(|&pointer| pointer.to_owned()).collect())
+    }
 }
 
 /// How each item of a batch is keyed.

@@ -24,10 +24,7 @@ pub fn scheme(tolerance: Duration) -> TimestampedList {
         joiner: ".",
         tolerance,
         profile: fields(
-            &[Field::JoinedPointers(vec![
-                "/event".into(),
-                "/payload/uri".into(),
-            ])],
+            &[Field::joined(&["/event", "/payload/uri"])],
             &[Field::pointer("/event")],
         ),
     }

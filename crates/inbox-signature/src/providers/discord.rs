@@ -53,11 +53,8 @@ pub fn scheme(tolerance: Duration) -> SignedTimestamp {
 /// The scheme of Discord's webhook events with this tolerance; keys as [`scheme`]'s.
 #[must_use]
 pub fn events_scheme(tolerance: Duration) -> SignedTimestamp {
-    let joined = |pointers: &[&str]| {
-        let mut all = vec!["/event/type".to_owned(), "/event/timestamp".to_owned()];
-        all.extend(pointers.iter().map(|&pointer| pointer.to_owned()));
-        Field::JoinedPointers(all)
-    };
+    const TYPE: &str = "/event/type";
+    const AT: &str = "/event/timestamp";
     SignedTimestamp {
         name: "discord-events",
         signature_header: SIGNATURE,
@@ -68,12 +65,12 @@ pub fn events_scheme(tolerance: Duration) -> SignedTimestamp {
             ack: Ack::NoContent,
             ..fields(
                 &[
-                    joined(&["/event/data/id"]),
-                    joined(&["/event/data/user/id", "/event/data/guild/id"]),
-                    joined(&["/event/data/user/id"]),
-                    joined(&[]),
+                    Field::joined(&[TYPE, AT, "/event/data/id"]),
+                    Field::joined(&[TYPE, AT, "/event/data/user/id", "/event/data/guild/id"]),
+                    Field::joined(&[TYPE, AT, "/event/data/user/id"]),
+                    Field::joined(&[TYPE, AT]),
                 ],
-                &[Field::pointer("/event/type")],
+                &[Field::pointer(TYPE)],
             )
             .with_handshake(HandshakeKind::SignedPost)
         },

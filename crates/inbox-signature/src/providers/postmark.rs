@@ -38,20 +38,16 @@ pub fn scheme() -> CredentialHeader {
         },
         profile: fields(
             &[
-                joined(&["/RecordType", "/ID"]),
-                joined(&["/RecordType", "/MessageID", "/Recipient", "/DeliveredAt"]),
-                joined(&["/RecordType", "/MessageID", "/Recipient", "/ReceivedAt"]),
-                joined(&["/RecordType", "/MessageStream", "/Recipient", "/ChangedAt"]),
-                joined(&["/RecordType", "/MessageID"]),
+                Field::joined(&["/RecordType", "/ID"]),
+                Field::joined(&["/RecordType", "/MessageID", "/Recipient", "/DeliveredAt"]),
+                Field::joined(&["/RecordType", "/MessageID", "/Recipient", "/ReceivedAt"]),
+                Field::joined(&["/RecordType", "/MessageStream", "/Recipient", "/ChangedAt"]),
+                Field::joined(&["/RecordType", "/MessageID"]),
                 Field::pointer("/MessageID"),
             ],
             &[Field::pointer("/RecordType")],
         ),
     }
-}
-
-fn joined(pointers: &[&str]) -> Field {
-    Field::JoinedPointers(pointers.iter().map(|&pointer| pointer.into()).collect())
 }
 
 /// Builds the scheme (no options).

@@ -22,20 +22,17 @@ pub struct Zoom(pub Template);
 /// The Zoom scheme with this tolerance.
 #[must_use]
 pub fn scheme(tolerance: std::time::Duration) -> Zoom {
-    let joined = |pointers: &[&str]| {
-        let mut all = vec!["/event".into(), "/event_ts".into()];
-        all.extend(pointers.iter().map(|&pointer| pointer.to_owned()));
-        Field::JoinedPointers(all)
-    };
     let profile = fields(
         &[
-            joined(&[
+            Field::joined(&[
+                "/event",
+                "/event_ts",
                 "/payload/object/uuid",
                 "/payload/object/participant/user_id",
             ]),
-            joined(&["/payload/object/uuid"]),
-            joined(&["/payload/object/id"]),
-            joined(&[]),
+            Field::joined(&["/event", "/event_ts", "/payload/object/uuid"]),
+            Field::joined(&["/event", "/event_ts", "/payload/object/id"]),
+            Field::joined(&["/event", "/event_ts"]),
         ],
         &[Field::pointer("/event")],
     )
